@@ -1,0 +1,151 @@
+import NIOCore
+
+/// An item id: UTF-8 text compared **as bytes**.
+///
+/// Swift's `String` equality uses Unicode canonical equivalence ("é" precomposed equals "e" + U+0301);
+/// ids must not, so `ItemID` compares and hashes the UTF-8 bytes. Its `string` keeps the bytes exactly as
+/// received.
+public struct ItemID: Hashable, Sendable, Codable, Comparable, CustomStringConvertible,
+    ExpressibleByStringLiteral
+{
+    public var string: String
+
+    public init(_ string: String) {
+        self.string = string
+    }
+
+    public init(stringLiteral value: String) {
+        self.string = value
+    }
+
+    public static func == (lhs: ItemID, rhs: ItemID) -> Bool {
+        lhs.string.utf8.elementsEqual(rhs.string.utf8)
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        var copy = string
+        copy.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+    }
+
+    /// Byte order of the UTF-8 encoding.
+    public static func < (lhs: ItemID, rhs: ItemID) -> Bool {
+        lhs.string.utf8.lexicographicallyPrecedes(rhs.string.utf8)
+    }
+
+    public var description: String { string }
+
+    public init(from decoder: any Decoder) throws {
+        string = try decoder.singleValueContainer().decode(String.self)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(string)
+    }
+}
+
+/// Opaque bytes: an item's payload or a value, kept exactly as given. In JSON (test vectors, `wiredump`)
+/// it is written as lowercase hex.
+public struct Payload: Hashable, Sendable, Codable, CustomStringConvertible {
+    public var bytes: ByteBuffer
+
+    public init(_ bytes: ByteBuffer) {
+        self.bytes = bytes
+    }
+
+    /// The UTF-8 bytes of `text` (a JSON document, typically).
+    public init(_ text: String) {
+        self.bytes = ByteBuffer(string: text)
+    }
+
+    public var count: Int { bytes.readableBytes }
+
+    public var description: String { "\(count) bytes" }
+
+    public init(from decoder: any Decoder) throws {
+        let text = try decoder.singleValueContainer().decode(String.self)
+        guard let bytes = Hex.decode(text) else {
+            throw DecodingError.dataCorrupted(
+                .init(codingPath: decoder.codingPath, debugDescription: "payload is not a hex string"))
+        }
+        self.bytes = bytes
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(Hex.encode(bytes))
+    }
+}
+
+/// Lowercase hex, as used by the test vectors.
+public enum Hex {
+    public static func encode(_ bytes: ByteBuffer) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.readableBytes * 2)
+        for byte in bytes.readableBytesView {
+            out.append(digits[Int(byte >> 4)])
+            out.append(digits[Int(byte & 0x0F)])
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Decodes hex digits (either case); white space is ignored. `nil` for anything else or an odd count.
+    public static func decode(_ text: String) -> ByteBuffer? {
+        var out = ByteBuffer()
+        var high: UInt8?
+        for char in text.utf8 {
+            let nibble: UInt8
+            switch char {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): nibble = char - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): nibble = char - UInt8(ascii: "a") + 10
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): nibble = char - UInt8(ascii: "A") + 10
+            case UInt8(ascii: " "), UInt8(ascii: "\n"), UInt8(ascii: "\t"): continue
+            default: return nil
+            }
+            if let h = high {
+                out.writeInteger(h << 4 | nibble)
+                high = nil
+            } else {
+                high = nibble
+            }
+        }
+        return high == nil ? out : nil
+    }
+}
+
+/// The rules PRODUCT.md sets for names and ids. The codec accepts any text; the server checks these and
+/// answers `invalidName` / `invalidID` for that one request.
+public enum Naming {
+    /// The longest store or value name, in bytes.
+    public static let maxNameLength = 128
+    /// The longest item id, in bytes.
+    public static let maxIDLength = 1024
+
+    /// `nil` if `name` is a valid store or value name, else why not.
+    public static func problem(withName name: String) -> String? {
+        let utf8 = name.utf8
+        if utf8.isEmpty { return "a name cannot be empty" }
+        if utf8.count > maxNameLength { return "a name is at most \(maxNameLength) characters, got \(utf8.count)" }
+        if name == "." || name == ".." { return "a name cannot be '.' or '..'" }
+        for byte in utf8 {
+            switch byte {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
+                UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "-"):
+                continue
+            default:
+                return "a name may hold only A-Z a-z 0-9 . _ - (found \(name.debugDescription))"
+            }
+        }
+        return nil
+    }
+
+    /// `nil` if `id` is a valid item id, else why not.
+    public static func problem(withID id: ItemID) -> String? {
+        let count = id.string.utf8.count
+        if count == 0 { return "an id cannot be empty" }
+        if count > maxIDLength { return "an id is at most \(maxIDLength) bytes, got \(count)" }
+        if id.string.utf8.contains(0) { return "an id cannot contain U+0000" }
+        return nil
+    }
+}
