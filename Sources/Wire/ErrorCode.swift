@@ -3,11 +3,12 @@
 /// Values never change meaning once published; new codes are only ever added. A peer must accept codes it
 /// does not know (they keep their raw value), so this is a struct rather than a closed enum.
 ///
-/// - `0x0001`–`0x00FF`: protocol errors. The frame or the connection is unusable; the server answers with an
-///   `error` and closes the connection.
-/// - `0x0100`–`0x01FF`: request errors. Only that request failed; the connection goes on.
-/// - `0x0200`–`0x02FF`: server-side errors (engine, shutdown, internal). The connection goes on unless a
-///   `goodbye` follows.
+/// - `0x0001`–`0x00FF`: protocol errors: the bytes broke the protocol.
+/// - `0x0100`–`0x01FF`: request errors: a well-formed request that cannot be done.
+/// - `0x0200`–`0x02FF`: server-side errors (engine, shutdown, internal).
+///
+/// Whether the connection survives depends on where the error is found, not on the code: see
+/// `ServerSession` and docs/PROTOCOL.md ("Errors").
 public struct ErrorCode: RawRepresentable, Hashable, Sendable, Codable, CustomStringConvertible {
     public var rawValue: UInt16
 
@@ -15,7 +16,7 @@ public struct ErrorCode: RawRepresentable, Hashable, Sendable, Codable, CustomSt
         self.rawValue = rawValue
     }
 
-    // Protocol errors: the connection is closed after the error is sent.
+    // Protocol errors.
 
     /// The bytes do not match the message layout: a truncated payload, trailing bytes, invalid UTF-8 where text
     /// is required, an unknown enumeration value, or an element count larger than the bytes that remain.
@@ -34,7 +35,7 @@ public struct ErrorCode: RawRepresentable, Hashable, Sendable, Codable, CustomSt
     /// response type sent by a client, or a second `hello`).
     public static let unexpectedMessage = ErrorCode(rawValue: 0x0007)
 
-    // Request errors: only the request fails.
+    // Request errors.
 
     /// A store or value name breaks the naming rules.
     public static let invalidName = ErrorCode(rawValue: 0x0100)
@@ -87,9 +88,6 @@ public struct ErrorCode: RawRepresentable, Hashable, Sendable, Codable, CustomSt
     public var name: String {
         Self.known.first { $0.0 == self }?.1 ?? "0x" + String(rawValue, radix: 16)
     }
-
-    /// Whether the sender closes the connection after an error with this code.
-    public var isProtocolError: Bool { rawValue < 0x0100 }
 
     public var description: String { name }
 

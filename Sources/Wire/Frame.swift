@@ -75,9 +75,10 @@ public struct Frame: Hashable, Sendable {
 
 /// Splits a byte stream into frames, without ever buffering more than the connection's maximum frame.
 ///
-/// The header is checked as soon as its 12 bytes are there: a length over `maxFrameLength`, a reserved field
-/// that is not zero or an undefined flag throws *before* the payload is awaited or any memory is sized by
-/// it. Until a whole frame is readable the buffer is left untouched (`decode` returns `nil`), so bytes may
+/// The header is checked as soon as its 12 bytes are there: a length over `maxFrameLength` or a reserved field
+/// that is not zero throws *before* the payload is awaited or any memory is sized by it. Both mean the stream
+/// cannot be trusted any further; everything else about a frame (its type, flags and payload) is checked when
+/// its message is decoded, and only that frame is refused. Until a whole frame is readable the buffer is left untouched (`decode` returns `nil`), so bytes may
 /// arrive one at a time.
 public struct FrameDecoder: Sendable {
     /// The largest whole frame (header included) accepted now. Start with
@@ -114,9 +115,6 @@ public struct FrameDecoder: Sendable {
         }
         guard reserved == 0 else {
             throw WireError(.malformed, "reserved header bytes must be zero, got 0x\(String(reserved, radix: 16))")
-        }
-        guard FrameFlags.defined.isSuperset(of: header.flags) else {
-            throw WireError(.invalidFlags, "undefined flag bits 0x\(String(flags, radix: 16))")
         }
         return header
     }

@@ -209,6 +209,9 @@ extension MessageType {
         guard let type = MessageType(rawValue: header.type) else {
             throw WireError(.unknownMessageType, "unknown message type 0x\(String(header.type, radix: 16))")
         }
+        guard FrameFlags.defined.isSuperset(of: header.flags) else {
+            throw WireError(.invalidFlags, "undefined flag bits 0x\(String(header.flags.rawValue, radix: 16))")
+        }
         if header.flags.contains(.more), fromClient || !type.allowsContinuation {
             throw WireError(.invalidFlags, "a \(type.name) message cannot span frames")
         }
