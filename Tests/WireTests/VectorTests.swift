@@ -86,6 +86,60 @@ import Wire
             "docs/protocol-vectors.json differs from the samples; run with STOREBROKER_WRITE_VECTORS=1 if intended")
     }
 
+    static let protocolDocURL = fileURL.deletingLastPathComponent().appendingPathComponent("PROTOCOL.md")
+
+    /// The vectors section of docs/PROTOCOL.md: each frame's header fields, then its payload.
+    static func renderMarkdown() throws -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        var out = "\n"
+        for sample in samples {
+            let type = sample.message.type
+            var bytes = try sample.message.encoded(
+                id: sample.id, maxFrameLength: sample.maxFrameLength ?? WireProtocol.defaultMaxFrameLength)
+            var frames: [Frame] = []
+            while let frame = try FrameDecoder(maxFrameLength: .max).decode(&bytes) { frames.append(frame) }
+            out += "### `\(sample.name)`\n\n"
+            out += "`\(type.name)` (0x\(String(format: "%02X", type.rawValue))), "
+            out += type.isFromClient ? "client → server" : "server → client"
+            out += ", id \(sample.id)"
+            if let max = sample.maxFrameLength { out += ", \(frames.count) frames with `maxFrameLength` \(max)" }
+            out += "\n\n```\n"
+            for frame in frames {
+                let h = frame.header
+                out += String(
+                    format: "header  %08x %02x %02x 0000 %08x\n", h.payloadLength, h.type, h.flags.rawValue, h.id)
+                let payload = Array(frame.payload.readableBytesView)
+                for start in stride(from: 0, to: payload.count, by: 16) {
+                    let line = payload[start..<min(start + 16, payload.count)].map { String(format: "%02x", $0) }
+                    out += (start == 0 ? "payload " : "        ") + line.joined(separator: " ") + "\n"
+                }
+            }
+            out += "```\n\n"
+            out += "body: `" + String(decoding: try encoder.encode(AnyBody(body: sample.message.body)), as: UTF8.self) + "`\n\n"
+        }
+        return out
+    }
+
+    struct AnyBody: Encodable {
+        var body: any WireMessage
+        func encode(to encoder: any Encoder) throws { try body.encode(to: encoder) }
+    }
+
+    @Test func protocolDocShowsEveryVector() throws {
+        let doc = try String(contentsOf: Self.protocolDocURL, encoding: .utf8)
+        let begin = try #require(doc.range(of: "<!-- vectors:begin -->\n"))
+        let end = try #require(doc.range(of: "<!-- vectors:end -->"))
+        let current = String(doc[begin.upperBound..<end.lowerBound])
+        let rendered = try Self.renderMarkdown()
+        if ProcessInfo.processInfo.environment["STOREBROKER_WRITE_VECTORS"] == "1" {
+            try (doc[..<begin.upperBound] + rendered + doc[end.lowerBound...]).write(
+                to: Self.protocolDocURL, atomically: true, encoding: .utf8)
+        } else {
+            #expect(current == rendered, "docs/PROTOCOL.md's vectors are stale; run with STOREBROKER_WRITE_VECTORS=1")
+        }
+    }
+
     static func loadFile() throws -> [[String: Any]] {
         let object = try JSONSerialization.jsonObject(with: Data(contentsOf: fileURL)) as? [String: Any]
         return try #require(object?["vectors"] as? [[String: Any]], "docs/protocol-vectors.json has no vectors")
