@@ -6,6 +6,13 @@ public protocol WireCodable: Hashable, Sendable, Codable {
     static var minEncodedLength: Int { get }
     init(wire buffer: inout ByteBuffer) throws(WireError)
     func encode(wire buffer: inout ByteBuffer) throws(WireError)
+    /// Consecutive values with the same meaning as this one, each encoding in at most `maxLength` bytes where
+    /// that is possible; used to spread a long list over frames. The default keeps the value whole.
+    func fragments(maxLength: Int) -> [Self]
+}
+
+extension WireCodable {
+    public func fragments(maxLength: Int) -> [Self] { [self] }
 }
 
 extension ByteBuffer {
@@ -297,6 +304,36 @@ public enum EventStep: WireCodable {
             buffer.writeInteger(2, as: UInt8.self)
             try buffer.writeWireList(ids)
         }
+    }
+
+    /// A step too long for one frame becomes consecutive steps of the same op.
+    public func fragments(maxLength: Int) -> [EventStep] {
+        switch self {
+        case .insert(let records):
+            Self.chunk(records, maxLength: maxLength) { 2 + $0.id.string.utf8.count + 20 + $0.payload.count }
+                .map { .insert(records: $0) }
+        case .remove(let ids):
+            Self.chunk(ids, maxLength: maxLength) { 2 + $0.string.utf8.count }.map { .remove(ids: $0) }
+        }
+    }
+
+    /// Consecutive runs of `elements` whose encoded step (op and count: 5 bytes) fits in `maxLength`.
+    private static func chunk<T>(_ elements: [T], maxLength: Int, length: (T) -> Int) -> [[T]] {
+        var chunks: [[T]] = []
+        var current: [T] = []
+        var used = 5
+        for element in elements {
+            let size = length(element)
+            if used + size > maxLength, !current.isEmpty {
+                chunks.append(current)
+                current = []
+                used = 5
+            }
+            current.append(element)
+            used += size
+        }
+        if !current.isEmpty || chunks.isEmpty { chunks.append(current) }
+        return chunks
     }
 }
 

@@ -12,15 +12,12 @@ public protocol WireMessage: Hashable, Sendable, Codable {
 ///
 /// Every frame of such a message is a complete message of the same type and id; all but the last carry the
 /// `more` flag; the fields before the list are the same in every frame; the receiver concatenates the
-/// lists. A single element is never split, except where `fragment` says how (event steps).
+/// lists. A single element is never split, except where its `fragments(maxLength:)` says how (event steps).
 public protocol SplittableMessage: WireMessage {
     associatedtype Element: WireCodable
     var elements: [Element] { get set }
     /// Writes every field before the list.
     func encodeHead(payload: inout ByteBuffer) throws(WireError)
-    /// Splits one element whose encoding is longer than `maxLength` into consecutive elements that have the
-    /// same meaning. The default keeps it whole.
-    static func fragment(_ element: Element, maxLength: Int) -> [Element]
 }
 
 extension SplittableMessage {
@@ -28,8 +25,6 @@ extension SplittableMessage {
         try encodeHead(payload: &payload)
         try payload.writeWireList(elements)
     }
-
-    public static func fragment(_ element: Element, maxLength: Int) -> [Element] { [element] }
 
     /// Appends the elements of the next frame of the same message, after checking that its other fields
     /// match the first frame's.
@@ -91,7 +86,7 @@ extension SplittableMessage {
         var pieces: [Element] = []
         pieces.reserveCapacity(elements.count)
         for element in elements {
-            pieces.append(contentsOf: Self.fragment(element, maxLength: room))
+            pieces.append(contentsOf: element.fragments(maxLength: room))
         }
         var next = 0
         repeat {

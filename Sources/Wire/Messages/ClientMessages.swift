@@ -51,136 +51,35 @@ extension ClientMessage {
     }
 
     /// `ping` (0x10): empty. Answered by `pong`.
-    public struct Ping: EmptyMessage {
-        public static var type: MessageType { .ping }
-        public init() {}
-    }
-
+    public typealias Ping = EmptyMessage<Kinds.Ping>
     /// `listStores` (0x11): empty. Answered by `storeList`.
-    public struct ListStores: EmptyMessage {
-        public static var type: MessageType { .listStores }
-        public init() {}
-    }
-
+    public typealias ListStores = EmptyMessage<Kinds.ListStores>
     /// `listEngines` (0x12): empty. Answered by `engineList`: every engine file on the search path.
-    public struct ListEngines: EmptyMessage {
-        public static var type: MessageType { .listEngines }
-        public init() {}
-    }
-
+    public typealias ListEngines = EmptyMessage<Kinds.ListEngines>
     /// `getStoreInfo` (0x13): `text store`. Answered by `storeInfoResult`.
-    public struct GetStoreInfo: StoreMessage {
-        public static var type: MessageType { .getStoreInfo }
-        public var store: String
-
-        public init(store: String) {
-            self.store = store
-        }
-    }
-
+    public typealias GetStoreInfo = StoreRequest<Kinds.GetStoreInfo>
     /// `insert` (0x14): `text store, Condition condition, list<Item> items`. Answered by `writeResult`.
-    public struct Insert: WireMessage {
-        public static var type: MessageType { .insert }
-        public var store: String
-        public var condition: Condition
-        public var items: [Item]
-
-        public init(store: String, condition: Condition = .unconditional, items: [Item]) {
-            self.store = store
-            self.condition = condition
-            self.items = items
-        }
-
-        public init(payload: inout ByteBuffer) throws(WireError) {
-            store = try payload.readWireText("store")
-            condition = try Condition(wire: &payload)
-            items = try payload.readWireList("items")
-        }
-
-        public func encode(payload: inout ByteBuffer) throws(WireError) {
-            try payload.writeWireText(store, "store")
-            try condition.encode(wire: &payload)
-            try payload.writeWireList(items)
-        }
-    }
-
+    public typealias Insert = StoreBatch<Kinds.Insert, Item>
     /// `remove` (0x15): `text store, Condition condition, list<ItemID> ids`. Answered by `writeResult`.
-    public struct Remove: WireMessage {
-        public static var type: MessageType { .remove }
-        public var store: String
-        public var condition: Condition
-        public var ids: [ItemID]
-
-        public init(store: String, condition: Condition = .unconditional, ids: [ItemID]) {
-            self.store = store
-            self.condition = condition
-            self.ids = ids
-        }
-
-        public init(payload: inout ByteBuffer) throws(WireError) {
-            store = try payload.readWireText("store")
-            condition = try Condition(wire: &payload)
-            ids = try payload.readWireList("ids")
-        }
-
-        public func encode(payload: inout ByteBuffer) throws(WireError) {
-            try payload.writeWireText(store, "store")
-            try condition.encode(wire: &payload)
-            try payload.writeWireList(ids)
-        }
-    }
-
+    public typealias Remove = StoreBatch<Kinds.Remove, ItemID>
     /// `removeAll` (0x16): `text store, Condition condition`. Answered by `writeResult`.
-    public struct RemoveAll: StoreWriteMessage {
-        public static var type: MessageType { .removeAll }
-        public var store: String
-        public var condition: Condition
-
-        public init(store: String, condition: Condition = .unconditional) {
-            self.store = store
-            self.condition = condition
-        }
-    }
-
+    public typealias RemoveAll = StoreWrite<Kinds.RemoveAll>
     /// `drop` (0x17): `text store, Condition condition`. Deletes the store and its data. Answered by
     /// `writeResult` (committed false when the store did not exist).
-    public struct Drop: StoreWriteMessage {
-        public static var type: MessageType { .drop }
-        public var store: String
-        public var condition: Condition
-
-        public init(store: String, condition: Condition = .unconditional) {
-            self.store = store
-            self.condition = condition
-        }
-    }
-
+    public typealias Drop = StoreWrite<Kinds.Drop>
     /// `chain` (0x18): `text store, Condition condition, list<ChainStep> steps`. One atomic commit; it must
     /// fit in one frame. Answered by `writeResult`.
-    public struct Chain: WireMessage {
-        public static var type: MessageType { .chain }
-        public var store: String
-        public var condition: Condition
-        public var steps: [ChainStep]
-
-        public init(store: String, condition: Condition = .unconditional, steps: [ChainStep]) {
-            self.store = store
-            self.condition = condition
-            self.steps = steps
-        }
-
-        public init(payload: inout ByteBuffer) throws(WireError) {
-            store = try payload.readWireText("store")
-            condition = try Condition(wire: &payload)
-            steps = try payload.readWireList("steps")
-        }
-
-        public func encode(payload: inout ByteBuffer) throws(WireError) {
-            try payload.writeWireText(store, "store")
-            try condition.encode(wire: &payload)
-            try payload.writeWireList(steps)
-        }
-    }
+    public typealias Chain = StoreBatch<Kinds.Chain, ChainStep>
+    /// `queryRange` (0x1A): `text store, Cursor after, u32 limit` (0: no limit). Answered by `rangeResult`:
+    /// the items after the cursor in store order, or `error cursorGone`.
+    public typealias QueryRange = CursorRequest<Kinds.QueryRange>
+    /// `count` (0x1B): `text store`. Answered by `countResult`.
+    public typealias Count = StoreRequest<Kinds.Count>
+    /// `listIDs` (0x1C): `text store, Cursor after, u32 limit` (0: no limit). Answered by `idList`.
+    public typealias ListIDs = CursorRequest<Kinds.ListIDs>
+    /// `unsubscribe` (0x1E): `u32 subscriptionID`. Answered by `unsubscribed`; no push of that subscription
+    /// follows the answer.
+    public typealias Unsubscribe = SubscriptionMessage<Kinds.Unsubscribe>
 
     /// `getItems` (0x19): `text store, list<ItemID> ids`. Answered by `itemsResult`, one slot per id in
     /// request order.
@@ -202,45 +101,6 @@ extension ClientMessage {
         public func encode(payload: inout ByteBuffer) throws(WireError) {
             try payload.writeWireText(store, "store")
             try payload.writeWireList(ids)
-        }
-    }
-
-    /// `queryRange` (0x1A): `text store, Cursor after, u32 limit` (0: no limit). Answered by `rangeResult`:
-    /// the items after the cursor in store order, or `error cursorGone`.
-    public struct QueryRange: CursorMessage {
-        public static var type: MessageType { .queryRange }
-        public var store: String
-        public var after: ItemID?
-        public var limit: UInt32
-
-        public init(store: String, after: ItemID? = nil, limit: UInt32 = 0) {
-            self.store = store
-            self.after = after
-            self.limit = limit
-        }
-    }
-
-    /// `count` (0x1B): `text store`. Answered by `countResult`.
-    public struct Count: StoreMessage {
-        public static var type: MessageType { .count }
-        public var store: String
-
-        public init(store: String) {
-            self.store = store
-        }
-    }
-
-    /// `listIDs` (0x1C): `text store, Cursor after, u32 limit` (0: no limit). Answered by `idList`.
-    public struct ListIDs: CursorMessage {
-        public static var type: MessageType { .listIDs }
-        public var store: String
-        public var after: ItemID?
-        public var limit: UInt32
-
-        public init(store: String, after: ItemID? = nil, limit: UInt32 = 0) {
-            self.store = store
-            self.after = after
-            self.limit = limit
         }
     }
 
@@ -268,17 +128,6 @@ extension ClientMessage {
             payload.writeInteger(namespace.rawValue)
             try payload.writeWireText(name, "name")
             try start.encode(wire: &payload)
-        }
-    }
-
-    /// `unsubscribe` (0x1E): `u32 subscriptionID`. Answered by `unsubscribed`; no push of that subscription
-    /// follows the answer.
-    public struct Unsubscribe: SubscriptionIDMessage {
-        public static var type: MessageType { .unsubscribe }
-        public var subscriptionID: UInt32
-
-        public init(subscriptionID: UInt32) {
-            self.subscriptionID = subscriptionID
         }
     }
 
@@ -361,4 +210,28 @@ extension ClientMessage {
             try condition.encode(wire: &payload)
         }
     }
+}
+
+extension StoreBatch where Element == Item {
+    public init(store: String, condition: Condition = .unconditional, items: [Item]) {
+        self.init(store: store, condition: condition, elements: items)
+    }
+
+    public var items: [Item] { elements }
+}
+
+extension StoreBatch where Element == ItemID {
+    public init(store: String, condition: Condition = .unconditional, ids: [ItemID]) {
+        self.init(store: store, condition: condition, elements: ids)
+    }
+
+    public var ids: [ItemID] { elements }
+}
+
+extension StoreBatch where Element == ChainStep {
+    public init(store: String, condition: Condition = .unconditional, steps: [ChainStep]) {
+        self.init(store: store, condition: condition, elements: steps)
+    }
+
+    public var steps: [ChainStep] { elements }
 }

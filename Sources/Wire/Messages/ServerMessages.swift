@@ -52,30 +52,13 @@ extension ServerMessage {
     }
 
     /// `pong` (0x41): empty. Answers `ping`.
-    public struct Pong: EmptyMessage {
-        public static var type: MessageType { .pong }
-        public init() {}
-    }
+    public typealias Pong = EmptyMessage<Kinds.Pong>
 
     /// `storeList` (0x42): `list<StoreInfo> stores`, in name byte order. May span frames.
-    public struct StoreList: ListMessage {
-        public static var type: MessageType { .storeList }
-        public var elements: [StoreInfo]
-
-        public init(elements: [StoreInfo]) {
-            self.elements = elements
-        }
-    }
+    public typealias StoreList = ListMessage<Kinds.StoreList, StoreInfo>
 
     /// `engineList` (0x43): `list<EngineInfo> engines`, in search-path order. May span frames.
-    public struct EngineList: ListMessage {
-        public static var type: MessageType { .engineList }
-        public var elements: [EngineInfo]
-
-        public init(elements: [EngineInfo]) {
-            self.elements = elements
-        }
-    }
+    public typealias EngineList = ListMessage<Kinds.EngineList, EngineInfo>
 
     /// `storeInfoResult` (0x44): `StoreInfo info`. Answers `getStoreInfo`.
     public struct StoreInfoResult: WireMessage {
@@ -124,33 +107,11 @@ extension ServerMessage {
 
     /// `itemsResult` (0x46): `u64 epoch, u64 sequence, list<ItemSlot> slots`, one slot per requested id, in
     /// request order. May span frames.
-    public struct ItemsResult: SequencedListMessage {
-        public static var type: MessageType { .itemsResult }
-        public var epoch: UInt64
-        public var sequence: UInt64
-        public var elements: [ItemSlot]
-
-        public init(epoch: UInt64, sequence: UInt64, elements: [ItemSlot]) {
-            self.epoch = epoch
-            self.sequence = sequence
-            self.elements = elements
-        }
-    }
+    public typealias ItemsResult = SequencedList<Kinds.ItemsResult, ItemSlot>
 
     /// `rangeResult` (0x47): `u64 epoch, u64 sequence, list<ItemRecord> records`, in store order, all from
     /// the snapshot at `sequence`. May span frames.
-    public struct RangeResult: SequencedListMessage {
-        public static var type: MessageType { .rangeResult }
-        public var epoch: UInt64
-        public var sequence: UInt64
-        public var elements: [ItemRecord]
-
-        public init(epoch: UInt64, sequence: UInt64, elements: [ItemRecord]) {
-            self.epoch = epoch
-            self.sequence = sequence
-            self.elements = elements
-        }
-    }
+    public typealias RangeResult = SequencedList<Kinds.RangeResult, ItemRecord>
 
     /// `countResult` (0x48): `u64 epoch, u64 sequence, u64 count`.
     public struct CountResult: WireMessage {
@@ -177,67 +138,22 @@ extension ServerMessage {
     }
 
     /// `idList` (0x49): `u64 epoch, u64 sequence, list<ItemID> ids`, in store order. May span frames.
-    public struct IDList: SequencedListMessage {
-        public static var type: MessageType { .idList }
-        public var epoch: UInt64
-        public var sequence: UInt64
-        public var elements: [ItemID]
-
-        public init(epoch: UInt64, sequence: UInt64, elements: [ItemID]) {
-            self.epoch = epoch
-            self.sequence = sequence
-            self.elements = elements
-        }
-    }
+    public typealias IDList = SequencedList<Kinds.IDList, ItemID>
 
     /// `subscribed` (0x4A): `u32 subscriptionID`. Answers `subscribe`; every push of this subscription
     /// carries the id in its header.
-    public struct Subscribed: SubscriptionIDMessage {
-        public static var type: MessageType { .subscribed }
-        public var subscriptionID: UInt32
-
-        public init(subscriptionID: UInt32) {
-            self.subscriptionID = subscriptionID
-        }
-    }
+    public typealias Subscribed = SubscriptionMessage<Kinds.Subscribed>
 
     /// `unsubscribed` (0x4B): `u32 subscriptionID`. Answers `unsubscribe`; no push of it follows.
-    public struct Unsubscribed: SubscriptionIDMessage {
-        public static var type: MessageType { .unsubscribed }
-        public var subscriptionID: UInt32
-
-        public init(subscriptionID: UInt32) {
-            self.subscriptionID = subscriptionID
-        }
-    }
+    public typealias Unsubscribed = SubscriptionMessage<Kinds.Unsubscribed>
 
     /// `valueResult` (0x4C): `u64 epoch, u64 sequence, ValueState state`. Answers `getValue`; an unset value
     /// ("not found") has state `unset`, and its sequence still counts.
-    public struct ValueResult: ValueStateMessage {
-        public static var type: MessageType { .valueResult }
-        public var epoch: UInt64
-        public var sequence: UInt64
-        public var state: ValueState
-
-        public init(epoch: UInt64, sequence: UInt64, state: ValueState) {
-            self.epoch = epoch
-            self.sequence = sequence
-            self.state = state
-        }
-    }
+    public typealias ValueResult = ValueStateMessage<Kinds.ValueResult>
 
     /// `error` (0x7F): `u16 code, text message`. Answers a request that failed (id = its id), or, with id 0,
     /// reports a protocol error just before the server closes.
-    public struct ErrorResult: CodeMessage {
-        public static var type: MessageType { .error }
-        public var code: ErrorCode
-        public var message: String
-
-        public init(code: ErrorCode, message: String) {
-            self.code = code
-            self.message = message
-        }
-    }
+    public typealias ErrorResult = CodeMessage<Kinds.Error>
 
     /// `storeLoaded` (0x80): `u64 epoch, u64 sequence, u64 count, list<ItemRecord> records`: the snapshot a
     /// store subscription starts with, in store order; `count` is the total over all its frames. May span
@@ -270,127 +186,29 @@ extension ServerMessage {
 
     /// `storeEvent` (0x81): `u64 epoch, u64 sequence, list<EventStep> steps`: one commit, its steps in
     /// order. May span frames; a step too long for one frame is sent as consecutive steps of the same op.
-    public struct StoreEvent: SequencedListMessage {
-        public static var type: MessageType { .storeEvent }
-        public var epoch: UInt64
-        public var sequence: UInt64
-        public var elements: [EventStep]
-
-        public init(epoch: UInt64, sequence: UInt64, elements: [EventStep]) {
-            self.epoch = epoch
-            self.sequence = sequence
-            self.elements = elements
-        }
-
-        public static func fragment(_ step: EventStep, maxLength: Int) -> [EventStep] {
-            switch step {
-            case .insert(let records):
-                chunk(records, maxLength: maxLength) { 2 + $0.id.string.utf8.count + 20 + $0.payload.count }
-                    .map { .insert(records: $0) }
-            case .remove(let ids):
-                chunk(ids, maxLength: maxLength) { 2 + $0.string.utf8.count }.map { .remove(ids: $0) }
-            }
-        }
-
-        /// Consecutive runs of `elements` whose encoded step (op and count: 5 bytes) fits in `maxLength`.
-        private static func chunk<T>(_ elements: [T], maxLength: Int, length: (T) -> Int) -> [[T]] {
-            var chunks: [[T]] = []
-            var current: [T] = []
-            var used = 5
-            for element in elements {
-                let size = length(element)
-                if used + size > maxLength, !current.isEmpty {
-                    chunks.append(current)
-                    current = []
-                    used = 5
-                }
-                current.append(element)
-                used += size
-            }
-            if !current.isEmpty || chunks.isEmpty { chunks.append(current) }
-            return chunks
-        }
-    }
+    public typealias StoreEvent = SequencedList<Kinds.StoreEvent, EventStep>
 
     /// `valueLoaded` (0x82): `u64 epoch, u64 sequence, ValueState state`: the state a value subscription
     /// starts with (`setWithheld` for a set secure value).
-    public struct ValueLoaded: ValueStateMessage {
-        public static var type: MessageType { .valueLoaded }
-        public var epoch: UInt64
-        public var sequence: UInt64
-        public var state: ValueState
-
-        public init(epoch: UInt64, sequence: UInt64, state: ValueState) {
-            self.epoch = epoch
-            self.sequence = sequence
-            self.state = state
-        }
-    }
+    public typealias ValueLoaded = ValueStateMessage<Kinds.ValueLoaded>
 
     /// `valueEvent` (0x83): `u64 epoch, u64 sequence, ValueState state`: a set (`set`, or `setWithheld` for
     /// a secure value) or a reset (`unset`).
-    public struct ValueEvent: ValueStateMessage {
-        public static var type: MessageType { .valueEvent }
-        public var epoch: UInt64
-        public var sequence: UInt64
-        public var state: ValueState
-
-        public init(epoch: UInt64, sequence: UInt64, state: ValueState) {
-            self.epoch = epoch
-            self.sequence = sequence
-            self.state = state
-        }
-    }
+    public typealias ValueEvent = ValueStateMessage<Kinds.ValueEvent>
 
     /// `lagged` (0x84): `u64 epoch, u64 sequence` (the last sequence delivered). The subscriber's buffer
     /// overflowed; the subscription has ended. Subscribe again, resuming from `sequence`.
-    public struct Lagged: SequenceMessage {
-        public static var type: MessageType { .lagged }
-        public var epoch: UInt64
-        public var sequence: UInt64
-
-        public init(epoch: UInt64, sequence: UInt64) {
-            self.epoch = epoch
-            self.sequence = sequence
-        }
-    }
+    public typealias Lagged = SequenceNotice<Kinds.Lagged>
 
     /// `historyGone` (0x85): `u64 epoch, u64 sequence` (the current ones). The resume point is no longer
     /// held (or the epoch changed); a `storeLoaded` snapshot follows on the same subscription.
-    public struct HistoryGone: SequenceMessage {
-        public static var type: MessageType { .historyGone }
-        public var epoch: UInt64
-        public var sequence: UInt64
-
-        public init(epoch: UInt64, sequence: UInt64) {
-            self.epoch = epoch
-            self.sequence = sequence
-        }
-    }
+    public typealias HistoryGone = SequenceNotice<Kinds.HistoryGone>
 
     /// `dropped` (0x86): `u64 epoch, u64 sequence` (of the store as it was dropped). The subscription goes
     /// on: if the store is created again, its events follow with the new epoch, from sequence 1.
-    public struct Dropped: SequenceMessage {
-        public static var type: MessageType { .dropped }
-        public var epoch: UInt64
-        public var sequence: UInt64
-
-        public init(epoch: UInt64, sequence: UInt64) {
-            self.epoch = epoch
-            self.sequence = sequence
-        }
-    }
+    public typealias Dropped = SequenceNotice<Kinds.Dropped>
 
     /// `goodbye` (0xBF): `u16 code, text message`, id 0. The server closes the connection after it
     /// (`shuttingDown`, or a limit).
-    public struct Goodbye: CodeMessage {
-        public static var type: MessageType { .goodbye }
-        public var code: ErrorCode
-        public var message: String
-
-        public init(code: ErrorCode, message: String) {
-            self.code = code
-            self.message = message
-        }
-    }
+    public typealias Goodbye = CodeMessage<Kinds.Goodbye>
 }
