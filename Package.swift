@@ -14,6 +14,8 @@ let package = Package(
         .executable(name: "storebrokerd", targets: ["storebrokerd"]),
         .executable(name: "storectl", targets: ["storectl"]),
         .executable(name: "wiredump", targets: ["wiredump"]),
+        // Storage engines: each a shared library libstorebroker-engine-NAME.so beside the daemon binary.
+        .library(name: "storebroker-engine-memory", type: .dynamic, targets: ["MemoryEngine"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2")
@@ -23,8 +25,16 @@ let package = Package(
             name: "Wire",
             dependencies: [.product(name: "NIOCore", package: "swift-nio")]
         ),
-        .target(name: "BrokerCore", dependencies: ["Wire"]),
-        .target(name: "EngineLoader", dependencies: ["BrokerCore"]),
+        .target(name: "BrokerCore", dependencies: ["Wire", .product(name: "NIOCore", package: "swift-nio")]),
+        // The engine ABI: one C header, shared by the loader, the engines and engines written elsewhere.
+        .target(name: "CStorageEngine"),
+        .target(
+            name: "EngineLoader",
+            dependencies: ["BrokerCore", "CStorageEngine", "Wire", .product(name: "NIOCore", package: "swift-nio")]
+        ),
+        // Helpers for engines written in Swift; linked into each engine library, never into the host.
+        .target(name: "StorageEngineKit", dependencies: ["CStorageEngine"]),
+        .target(name: "MemoryEngine", dependencies: ["StorageEngineKit", "CStorageEngine"], path: "Sources/Engines/memory"),
         .executableTarget(name: "storebrokerd", dependencies: ["Wire", "BrokerCore", "EngineLoader"]),
         .executableTarget(name: "storectl", dependencies: ["Wire"]),
         .executableTarget(
@@ -37,6 +47,14 @@ let package = Package(
                 "Wire",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOTestUtils", package: "swift-nio"),
+            ]
+        ),
+        // The engine conformance suite and the loader's tests: engines are loaded from the build directory
+        // through EngineLoader, never linked.
+        .testTarget(
+            name: "EngineTests",
+            dependencies: [
+                "BrokerCore", "EngineLoader", "Wire", .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),
     ],

@@ -1,4 +1,3 @@
 // BrokerCore: the stores' semantics (ordered items, sequences, chains, events, subscriptions), with no
-// networking and no dlopen. Not implemented yet: it arrives with the daemon issue. The target exists now
-// so that the package has its final layers from the start.
-import Wire
+// networking and no dlopen. So far it declares the storage engine interface (StorageEngine.swift); the store
+// semantics arrive with the daemon issue.

@@ -1,0 +1,114 @@
+import NIOCore
+import Wire
+
+// The storage engine interface as the broker sees it. BrokerCore declares it and never loads anything;
+// EngineLoader implements it over engines loaded with dlopen (docs/ENGINE-ABI.md), and tests may implement it
+// directly.
+
+/// An item as an engine stores it. Keys are raw bytes (the UTF-8 of an item id, for the broker).
+public struct EngineRecord: Hashable, Sendable {
+    public var key: [UInt8]
+    public var payload: ByteBuffer
+    /// Milliseconds since the Unix epoch.
+    public var createdAt: UInt64
+    public var updatedAt: UInt64
+
+    public init(key: [UInt8], payload: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
+        self.key = key
+        self.payload = payload
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+    }
+}
+
+/// One step of an engine transaction.
+public enum EngineStep: Hashable, Sendable {
+    /// Insert or replace; a replaced item keeps its position. The host passes the original `createdAt` when it
+    /// replaces.
+    case put(EngineRecord)
+    /// Remove a key; an absent key is not an error.
+    case remove(key: [UInt8])
+    /// Remove every item.
+    case removeAll
+}
+
+/// A failure reported by an engine or by loading one.
+public struct EngineFailure: Error, Hashable, Sendable, CustomStringConvertible {
+    public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+        public var rawValue: Int32
+        public init(rawValue: Int32) { self.rawValue = rawValue }
+
+        // The engine ABI's SB_ERR_* values.
+        public static let io = Code(rawValue: 1)
+        public static let corrupt = Code(rawValue: 2)
+        public static let full = Code(rawValue: 3)
+        public static let invalid = Code(rawValue: 4)
+        public static let unsupported = Code(rawValue: 5)
+        public static let stopped = Code(rawValue: 6)
+        public static let internalError = Code(rawValue: 7)
+        public static let injected = Code(rawValue: 8)
+
+        public var description: String {
+            switch self {
+            case .io: "I/O error"
+            case .corrupt: "corrupt data"
+            case .full: "storage full"
+            case .invalid: "invalid argument"
+            case .unsupported: "unsupported"
+            case .stopped: "stopped"
+            case .internalError: "internal error"
+            case .injected: "injected failure"
+            default: "engine error \(rawValue)"
+            }
+        }
+    }
+
+    public var code: Code
+    public var message: String
+    /// The engine's name, when known.
+    public var engine: String?
+
+    public init(_ code: Code, _ message: String, engine: String? = nil) {
+        self.code = code
+        self.message = message
+        self.engine = engine
+    }
+
+    public var description: String {
+        (engine.map { "engine \($0): " } ?? "") + "\(code): \(message)"
+    }
+}
+
+/// A storage engine: opens and drops stores.
+public protocol StorageEngine: Sendable {
+    var name: String { get }
+    var version: String { get }
+    var capabilities: EngineCapabilities { get }
+    /// The option keys `open` and `drop` accept.
+    var optionKeys: [String] { get }
+
+    /// Opens (creating if needed) a store whose data lives in `directory`, a directory for this store alone.
+    func open(directory: String, store: String, options: [String: String]) async throws(EngineFailure)
+        -> any EngineStore
+    /// Deletes the store's data from `directory`. The store must not be open.
+    func drop(directory: String, store: String, options: [String: String]) async throws(EngineFailure)
+}
+
+/// One open store of an engine. Calls are serialized; each runs on a thread made for blocking work.
+public protocol EngineStore: AnyObject, Sendable {
+    /// The sequence recorded by the last `apply`, as read when the store was opened (0 for a new store).
+    var openedSequence: UInt64 { get }
+
+    /// Applies `steps` in order and records `sequence`, all or nothing.
+    func apply(_ steps: [EngineStep], sequence: UInt64) async throws(EngineFailure)
+    /// The records for `keys`, in request order; `nil` for a missing key.
+    func get(_ keys: [[UInt8]]) async throws(EngineFailure) -> [EngineRecord?]
+    /// Every record, in the store's order.
+    func scanAll() async throws(EngineFailure) -> [EngineRecord]
+    func count() async throws(EngineFailure) -> UInt64
+    /// Every key, in the store's order.
+    func allKeys() async throws(EngineFailure) -> [[UInt8]]
+    func contains(_ key: [UInt8]) async throws(EngineFailure) -> Bool
+    /// Releases the store. No other call may follow.
+    func close() async
+}

@@ -1,0 +1,199 @@
+/*
+ * storebroker storage engine ABI, version 1.0.
+ *
+ * A storage engine is a shared library named libstorebroker-engine-NAME.so that exports one symbol,
+ * `storebroker_engine_entry`, returning a table of function pointers. The daemon (the "host") loads it with
+ * dlopen(path, RTLD_NOW | RTLD_LOCAL), checks the table's ABI version and size, and from then on calls only
+ * through the table. docs/ENGINE-ABI.md explains how to write an engine; examples/c-engine is one in C.
+ *
+ * Rules that hold for the whole ABI:
+ *
+ * - Versioning. `abi_major` changes only for incompatible changes; the host refuses any major other than the
+ *   one it speaks. `abi_minor` grows when members are added; members are only ever added at the END of a
+ *   struct, and the host never calls a member that lies beyond the engine's reported `struct_size`. An engine
+ *   built for 1.0 therefore loads into any 1.x host, and a 1.x engine into a 1.0 host.
+ * - Ownership. Every pointer the host passes in (directories, names, options, keys, payloads, steps, error
+ *   structs) is owned by the host and valid only for the duration of the call; an engine that needs the bytes
+ *   later copies them. Every pointer the engine passes out to a callback (items, keys, payloads) is owned by
+ *   the engine and valid only until that callback returns; the host copies what it keeps. No allocator crosses
+ *   the boundary: nothing is freed by the side that did not allocate it.
+ * - Errors. Every call that can fail returns an `int32_t` status: SB_OK (0) or one of the SB_ERR_* codes. On
+ *   failure the engine also fills the host-owned `sb_error` (code and a NUL-terminated message, cut to fit).
+ *   An engine must never report success for work it did not do, and never turn an I/O error into "no data".
+ * - Concurrency. The table and its strings are immutable and may be read from any thread. `open` and `drop`
+ *   may be called concurrently from different threads, for different stores. Calls on one `sb_store` are
+ *   serialized by the host (never two at once), but successive calls may come from different threads. Calls
+ *   on different `sb_store`s may run concurrently. The host never opens the same store twice at once.
+ * - Keys are raw byte strings of 1 to 1024 bytes; they may contain NUL and need not be UTF-8. Payloads are raw
+ *   bytes of any length (including 0). Engines compare keys as bytes.
+ * - Order. A store keeps its items in the order they were first inserted: a put of an existing key keeps the
+ *   item's position; a put of a new key (including a key removed earlier) goes last. Reads that return many
+ *   items return them in that order. Order survives close and reopen.
+ */
+#ifndef STOREBROKER_ENGINE_H
+#define STOREBROKER_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SB_ENGINE_ABI_MAJOR 1
+#define SB_ENGINE_ABI_MINOR 0
+
+/* The name of the symbol every engine exports. */
+#define SB_ENGINE_ENTRY_SYMBOL "storebroker_engine_entry"
+
+/* Status codes. */
+enum {
+    SB_OK = 0,
+    SB_ERR_IO = 1,          /* the storage failed (read, write, fsync) */
+    SB_ERR_CORRUPT = 2,     /* the stored data is not readable as this engine's format */
+    SB_ERR_FULL = 3,        /* no space left */
+    SB_ERR_INVALID = 4,     /* a bad argument (unknown option value, a key that is too long, ...) */
+    SB_ERR_UNSUPPORTED = 5, /* the engine cannot do this */
+    SB_ERR_STOPPED = 6,     /* a callback asked to stop; not a failure of the engine */
+    SB_ERR_INTERNAL = 7,    /* a bug in the engine */
+    SB_ERR_INJECTED = 8     /* a failure injected on purpose by the `fail_after_steps` test option */
+};
+
+/* Capability bits (`capabilities`). */
+enum {
+    SB_CAP_PERSISTENT = 1u << 0, /* data survives close and reopen (a memory engine does not set it) */
+    SB_CAP_ATOMIC = 1u << 1      /* `apply` is all-or-nothing; the host refuses chains without it */
+};
+
+/* Step kinds (`sb_step.kind`). */
+enum {
+    SB_STEP_PUT = 1,       /* insert or replace `key` with `payload`, `created_at`, `updated_at` */
+    SB_STEP_REMOVE = 2,    /* remove `key`; absent keys are not an error */
+    SB_STEP_REMOVE_ALL = 3 /* remove every item */
+};
+
+#define SB_ERROR_MESSAGE_CAPACITY 1024
+
+/* A failure report. Owned by the host, passed zeroed to every call that can fail; the engine sets `code` and
+ * writes a NUL-terminated `message` of at most SB_ERROR_MESSAGE_CAPACITY bytes, NUL included. */
+typedef struct sb_error {
+    int32_t code;
+    char message[SB_ERROR_MESSAGE_CAPACITY];
+} sb_error;
+
+/* A byte string. `data` may be NULL when `length` is 0. */
+typedef struct sb_bytes {
+    const uint8_t *data;
+    size_t length;
+} sb_bytes;
+
+/* An engine option, `key=value`, both NUL-terminated UTF-8. */
+typedef struct sb_option {
+    const char *key;
+    const char *value;
+} sb_option;
+
+/* One step of an `apply`. Fields a kind does not use are zero. Times are milliseconds since the Unix epoch,
+ * stamped by the host: the engine stores them as given (for a put of an existing key the host passes the
+ * item's original `created_at`). */
+typedef struct sb_step {
+    uint32_t kind;
+    uint32_t reserved; /* 0 */
+    sb_bytes key;
+    sb_bytes payload;
+    uint64_t created_at;
+    uint64_t updated_at;
+} sb_step;
+
+/* An item as an engine hands it out, valid until the callback returns. */
+typedef struct sb_item {
+    sb_bytes key;
+    sb_bytes payload;
+    uint64_t created_at;
+    uint64_t updated_at;
+} sb_item;
+
+/* Callbacks the host provides. They return 0 to go on; any other value asks the engine to stop at once and
+ * return SB_ERR_STOPPED. They are called on the thread that made the engine call, never after it returns. */
+typedef int32_t (*sb_item_sink)(void *context, const sb_item *item);
+/* `item` is NULL for a key that is not in the store; `index` is the key's position in the request. */
+typedef int32_t (*sb_slot_sink)(void *context, size_t index, const sb_item *item);
+typedef int32_t (*sb_key_sink)(void *context, sb_bytes key);
+
+/* An open store: opaque, owned by the engine from `open` until `close`. */
+typedef struct sb_store sb_store;
+
+typedef struct storebroker_engine storebroker_engine;
+
+struct storebroker_engine {
+    /* --- ABI 1.0 --- */
+
+    /* The ABI the engine was built for (SB_ENGINE_ABI_MAJOR / _MINOR) and sizeof(storebroker_engine) as the
+     * engine saw it. The host reads these three first and checks them before touching anything else. */
+    uint16_t abi_major;
+    uint16_t abi_minor;
+    uint32_t struct_size;
+
+    /* The engine's name (as in its file name) and version text. Static: valid while the library is loaded. */
+    const char *name;
+    const char *version;
+
+    /* SB_CAP_* bits. */
+    uint64_t capabilities;
+
+    /* The option keys `open` and `drop` accept, as a NULL-terminated array of static strings. The host refuses
+     * to start with an option the engine does not list. Every engine should accept "fail_after_steps" (for the
+     * conformance suite: `apply` fails with SB_ERR_INJECTED after that many steps, leaving nothing behind). */
+    const char *const *option_keys;
+
+    /* Opens (creating if needed) the store `store_name` whose data lives in `directory`, a directory the host
+     * created for this store alone. On success sets `*out_store` and `*out_sequence` (the sequence of the last
+     * `apply`, 0 for a new store) and returns SB_OK. A store whose data cannot be read fails: it never opens
+     * as empty. */
+    int32_t (*open)(const storebroker_engine *engine, const char *directory, const char *store_name,
+                    const sb_option *options, size_t option_count, sb_store **out_store, uint64_t *out_sequence,
+                    sb_error *error);
+
+    /* Releases everything `open` acquired; `store` is not used again. Cannot fail. */
+    void (*close)(sb_store *store);
+
+    /* Deletes every file and table the store has in `directory`. The store is not open. Dropping a store that
+     * has no data is not an error. */
+    int32_t (*drop)(const storebroker_engine *engine, const char *directory, const char *store_name,
+                    const sb_option *options, size_t option_count, sb_error *error);
+
+    /* Applies `steps` in order and records `sequence` as the store's sequence, all in one transaction: when it
+     * returns SB_OK all of it is durable (for a persistent engine), and when it fails none of it is visible,
+     * now or after a restart. `step_count` may be 0 (only the sequence is recorded). */
+    int32_t (*apply)(sb_store *store, const sb_step *steps, size_t step_count, uint64_t sequence, sb_error *error);
+
+    /* Calls `sink` once per key, in request order, with the item or NULL. */
+    int32_t (*get)(sb_store *store, const sb_bytes *keys, size_t key_count, sb_slot_sink sink, void *context,
+                   sb_error *error);
+
+    /* Calls `sink` once per item, in the store's order. */
+    int32_t (*scan)(sb_store *store, sb_item_sink sink, void *context, sb_error *error);
+
+    /* Sets `*out_count` to the number of items. */
+    int32_t (*count)(sb_store *store, uint64_t *out_count, sb_error *error);
+
+    /* Calls `sink` once per key, in the store's order. */
+    int32_t (*keys)(sb_store *store, sb_key_sink sink, void *context, sb_error *error);
+
+    /* Sets `*out_present` to 1 if `key` is in the store, else 0. */
+    int32_t (*contains)(sb_store *store, sb_bytes key, int32_t *out_present, sb_error *error);
+
+    /* --- Members added by later minor versions go here, and only here. --- */
+};
+
+/* The entry point: returns the engine's table, which lives as long as the library is loaded. Must be
+ * callable more than once and from any thread; it must not fail (report problems from `open`). */
+const storebroker_engine *storebroker_engine_entry(void);
+
+typedef const storebroker_engine *(*storebroker_engine_entry_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STOREBROKER_ENGINE_H */

@@ -1,0 +1,372 @@
+import BrokerCore
+import CStorageEngine
+import Dispatch
+import NIOCore
+import Wire
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An engine loaded from a shared library, seen through the `StorageEngine` interface.
+///
+/// Every call into the library runs on a serial dispatch queue (threads made for blocking work, never the
+/// cooperative pool); each open store has its own queue, which is what serializes calls on one store as the
+/// ABI requires.
+///
+/// `@unchecked Sendable`: the only state is the engine's table, which the ABI declares immutable and readable
+/// from any thread.
+public final class LoadedEngine: StorageEngine, @unchecked Sendable {
+    private let table: UnsafePointer<storebroker_engine>
+    public let path: String
+    public let name: String
+    public let version: String
+    public let capabilities: EngineCapabilities
+    public let optionKeys: [String]
+    public let abiMajor: UInt16
+    public let abiMinor: UInt16
+
+    /// What `storectl engines` shows for this engine.
+    public var info: EngineInfo {
+        EngineInfo(
+            name: name, path: path, status: .loaded, abiMajor: abiMajor, abiMinor: abiMinor,
+            capabilities: capabilities, detail: version)
+    }
+
+    /// The ABI this host speaks.
+    public static let hostABI = (major: UInt16(SB_ENGINE_ABI_MAJOR), minor: UInt16(SB_ENGINE_ABI_MINOR))
+
+    init(table: UnsafePointer<storebroker_engine>, path: String, expectedName: String?) throws(EngineLoadError) {
+        // Read the version and size first, from their fixed offsets, before trusting anything else.
+        let raw = UnsafeRawPointer(table)
+        let major = raw.loadUnaligned(fromByteOffset: 0, as: UInt16.self)
+        let minor = raw.loadUnaligned(fromByteOffset: 2, as: UInt16.self)
+        let size = Int(raw.loadUnaligned(fromByteOffset: 4, as: UInt32.self))
+        let host = Self.hostABI
+        guard major == host.major else {
+            throw EngineLoadError(
+                .abiMismatch, path: path,
+                "built for engine ABI \(major).\(minor); this host speaks \(host.major).\(host.minor) and loads "
+                    + "major \(host.major) only")
+        }
+        let needed = MemoryLayout<storebroker_engine>.size
+        guard size >= needed else {
+            throw EngineLoadError(
+                .abiMismatch, path: path,
+                "its table is \(size) bytes; engine ABI \(host.major).0 needs at least \(needed)")
+        }
+        let t = table.pointee
+        guard t.name != nil, t.version != nil, t.option_keys != nil, t.open != nil, t.close != nil, t.drop != nil,
+            t.apply != nil, t.get != nil, t.scan != nil, t.count != nil, t.keys != nil, t.contains != nil
+        else {
+            throw EngineLoadError(.invalidEngine, path: path, "its table has a NULL member")
+        }
+        let name = String(cString: t.name)
+        if let expectedName, name != expectedName {
+            throw EngineLoadError(
+                .invalidEngine, path: path, "the engine calls itself \(name.debugDescription), not \(expectedName.debugDescription)")
+        }
+        var keys: [String] = []
+        var cursor = t.option_keys!
+        while let key = cursor.pointee {
+            keys.append(String(cString: key))
+            cursor += 1
+        }
+        self.table = table
+        self.path = path
+        self.name = name
+        self.version = String(cString: t.version)
+        self.capabilities = EngineCapabilities(rawValue: UInt32(truncatingIfNeeded: t.capabilities))
+        self.optionKeys = keys
+        self.abiMajor = major
+        self.abiMinor = minor
+    }
+
+    /// Fails for an option key the engine does not declare.
+    public func validate(options: [String: String]) throws(EngineLoadError) {
+        for key in options.keys.sorted() where !optionKeys.contains(key) {
+            throw EngineLoadError(
+                .unknownOption, path: path,
+                "engine \(name) has no option \(key.debugDescription); it accepts: "
+                    + (optionKeys.isEmpty ? "(none)" : optionKeys.joined(separator: ", ")))
+        }
+    }
+
+    public func open(directory: String, store: String, options: [String: String]) async throws(EngineFailure)
+        -> any EngineStore
+    {
+        let queue = DispatchQueue(label: "storebroker.engine.\(name).\(store)")
+        let opened: (StoreHandle, UInt64) = try await onQueue(queue) { [self] () throws(EngineFailure) in
+            try withOptions(options) { (list, count) throws(EngineFailure) in
+                var handle: OpaquePointer?
+                var sequence: UInt64 = 0
+                var error = sb_error()
+                let status = table.pointee.open(table, directory, store, list, count, &handle, &sequence, &error)
+                try check(status, &error)
+                guard let handle else {
+                    throw EngineFailure(.internalError, "open returned SB_OK without a store", engine: name)
+                }
+                return (StoreHandle(pointer: handle), sequence)
+            }
+        }
+        return LoadedStore(engine: self, handle: opened.0.pointer, sequence: opened.1, queue: queue)
+    }
+
+    public func drop(directory: String, store: String, options: [String: String]) async throws(EngineFailure) {
+        try await onQueue(DispatchQueue(label: "storebroker.engine.\(name).drop")) { [self] () throws(EngineFailure) in
+            try withOptions(options) { (list, count) throws(EngineFailure) in
+                var error = sb_error()
+                try check(table.pointee.drop(table, directory, store, list, count, &error), &error)
+            }
+        }
+    }
+
+    fileprivate var functions: storebroker_engine { table.pointee }
+
+    /// Throws the engine's report unless `status` is SB_OK.
+    func check(_ status: Int32, _ error: inout sb_error) throws(EngineFailure) {
+        guard status != SB_OK else { return }
+        let message = withUnsafeBytes(of: &error.message) { raw in
+            String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+        }
+        throw EngineFailure(
+            EngineFailure.Code(rawValue: status), message.isEmpty ? "(the engine gave no message)" : message,
+            engine: name)
+    }
+
+    /// Runs `body` with the options as a C array of `sb_option`, valid during the call.
+    private func withOptions<T>(
+        _ options: [String: String], _ body: (UnsafePointer<sb_option>?, Int) throws(EngineFailure) -> T
+    ) throws(EngineFailure) -> T {
+        let strings = options.sorted { $0.key < $1.key }.map { (strdup($0.key)!, strdup($0.value)!) }
+        defer {
+            for (key, value) in strings {
+                free(key)
+                free(value)
+            }
+        }
+        let list = strings.map { sb_option(key: $0.0, value: $0.1) }
+        return try list.withUnsafeBufferPointer { (buffer) throws(EngineFailure) in
+            try body(buffer.baseAddress, buffer.count)
+        }
+    }
+}
+
+/// An open store's handle, moved between the engine's queue and the task that asked for it.
+private struct StoreHandle: @unchecked Sendable {
+    let pointer: OpaquePointer
+}
+
+/// Runs `body` on `queue` and waits for it without blocking a cooperative thread.
+func onQueue<T: Sendable>(_ queue: DispatchQueue, _ body: @escaping @Sendable () throws(EngineFailure) -> T)
+    async throws(EngineFailure) -> T
+{
+    let result: Result<T, EngineFailure> = await withCheckedContinuation { continuation in
+        queue.async {
+            continuation.resume(returning: Result { () throws(EngineFailure) in try body() })
+        }
+    }
+    return try result.get()
+}
+
+/// One store opened through a `LoadedEngine`.
+///
+/// `@unchecked Sendable`: the store handle is touched only on `queue`, which serializes every call.
+final class LoadedStore: EngineStore, @unchecked Sendable {
+    let engine: LoadedEngine
+    private let handle: OpaquePointer
+    private let queue: DispatchQueue
+    private var closed = false
+    let openedSequence: UInt64
+
+    init(engine: LoadedEngine, handle: OpaquePointer, sequence: UInt64, queue: DispatchQueue) {
+        self.engine = engine
+        self.handle = handle
+        self.openedSequence = sequence
+        self.queue = queue
+    }
+
+    deinit {
+        if !closed { engine.functions.close(handle) }
+    }
+
+    /// Runs one call on the store's queue, refusing calls after `close`.
+    private func call<T: Sendable>(_ body: @escaping @Sendable (OpaquePointer, inout sb_error) throws(EngineFailure) -> T)
+        async throws(EngineFailure) -> T
+    {
+        try await onQueue(queue) { [self] () throws(EngineFailure) in
+            guard !closed else { throw EngineFailure(.invalid, "the store is closed", engine: engine.name) }
+            var error = sb_error()
+            return try body(handle, &error)
+        }
+    }
+
+    func apply(_ steps: [EngineStep], sequence: UInt64) async throws(EngineFailure) {
+        try await call { [engine] (handle, error) throws(EngineFailure) in
+            try StepArena.withSteps(steps) { (cSteps, count) throws(EngineFailure) in
+                try engine.check(engine.functions.apply(handle, cSteps, count, sequence, &error), &error)
+            }
+        }
+    }
+
+    func get(_ keys: [[UInt8]]) async throws(EngineFailure) -> [EngineRecord?] {
+        try await call { [engine] (handle, error) throws(EngineFailure) in
+            let collector = Collector<EngineRecord?>(Array(repeating: nil, count: keys.count))
+            try StepArena.withKeys(keys) { (cKeys, count) throws(EngineFailure) in
+                let status = engine.functions.get(handle, cKeys, count, { context, index, item in
+                    let collector = Unmanaged<Collector<EngineRecord?>>.fromOpaque(context!).takeUnretainedValue()
+                    guard index < collector.values.count else { return 1 }
+                    collector.values[index] = item.map { EngineRecord($0.pointee) }
+                    return 0
+                }, Unmanaged.passUnretained(collector).toOpaque(), &error)
+                try engine.check(status, &error)
+            }
+            return collector.values
+        }
+    }
+
+    func scanAll() async throws(EngineFailure) -> [EngineRecord] {
+        try await call { [engine] (handle, error) throws(EngineFailure) in
+            let collector = Collector<EngineRecord>([])
+            let status = engine.functions.scan(handle, { context, item in
+                Unmanaged<Collector<EngineRecord>>.fromOpaque(context!).takeUnretainedValue().values.append(
+                    EngineRecord(item!.pointee))
+                return 0
+            }, Unmanaged.passUnretained(collector).toOpaque(), &error)
+            try engine.check(status, &error)
+            return collector.values
+        }
+    }
+
+    func count() async throws(EngineFailure) -> UInt64 {
+        try await call { [engine] (handle, error) throws(EngineFailure) in
+            var count: UInt64 = 0
+            try engine.check(engine.functions.count(handle, &count, &error), &error)
+            return count
+        }
+    }
+
+    func allKeys() async throws(EngineFailure) -> [[UInt8]] {
+        try await call { [engine] (handle, error) throws(EngineFailure) in
+            let collector = Collector<[UInt8]>([])
+            let status = engine.functions.keys(handle, { context, key in
+                Unmanaged<Collector<[UInt8]>>.fromOpaque(context!).takeUnretainedValue().values.append(key.array)
+                return 0
+            }, Unmanaged.passUnretained(collector).toOpaque(), &error)
+            try engine.check(status, &error)
+            return collector.values
+        }
+    }
+
+    func contains(_ key: [UInt8]) async throws(EngineFailure) -> Bool {
+        try await call { [engine] (handle, error) throws(EngineFailure) in
+            var present: Int32 = 0
+            try key.withUnsafeBufferPointer { (bytes) throws(EngineFailure) in
+                let cKey = sb_bytes(data: bytes.baseAddress, length: bytes.count)
+                try engine.check(engine.functions.contains(handle, cKey, &present, &error), &error)
+            }
+            return present != 0
+        }
+    }
+
+    func close() async {
+        await withCheckedContinuation { continuation in
+            queue.async { [self] in
+                if !closed {
+                    closed = true
+                    engine.functions.close(handle)
+                }
+                continuation.resume()
+            }
+        }
+    }
+}
+
+/// Collects what an engine hands to a callback; lives only during one call on the store's queue.
+private final class Collector<Value> {
+    var values: [Value]
+    init(_ values: [Value]) { self.values = values }
+}
+
+extension sb_bytes {
+    /// A copy of the bytes.
+    var array: [UInt8] {
+        guard let data, length > 0 else { return [] }
+        return Array(UnsafeBufferPointer(start: data, count: length))
+    }
+}
+
+extension EngineRecord {
+    /// A copy of an item an engine handed out.
+    init(_ item: sb_item) {
+        var payload = ByteBuffer()
+        if let data = item.payload.data, item.payload.length > 0 {
+            payload.writeBytes(UnsafeRawBufferPointer(start: data, count: item.payload.length))
+        }
+        self.init(key: item.key.array, payload: payload, createdAt: item.created_at, updatedAt: item.updated_at)
+    }
+}
+
+/// Lays keys and payloads out in one contiguous block so that C structs can point into it for one call.
+enum StepArena {
+    static func withSteps<T>(
+        _ steps: [EngineStep], _ body: (UnsafePointer<sb_step>?, Int) throws(EngineFailure) -> T
+    ) throws(EngineFailure) -> T {
+        var total = 0
+        for step in steps {
+            switch step {
+            case .put(let record): total += record.key.count + record.payload.readableBytes
+            case .remove(let key): total += key.count
+            case .removeAll: break
+            }
+        }
+        let arena = UnsafeMutableRawBufferPointer.allocate(byteCount: max(total, 1), alignment: 8)
+        defer { arena.deallocate() }
+        var offset = 0
+        func place(_ bytes: UnsafeRawBufferPointer) -> sb_bytes {
+            guard bytes.count > 0 else { return sb_bytes(data: nil, length: 0) }
+            let target = UnsafeMutableRawBufferPointer(rebasing: arena[offset..<(offset + bytes.count)])
+            target.copyMemory(from: bytes)
+            offset += bytes.count
+            return sb_bytes(data: target.baseAddress!.assumingMemoryBound(to: UInt8.self), length: bytes.count)
+        }
+        var cSteps: [sb_step] = []
+        cSteps.reserveCapacity(steps.count)
+        for step in steps {
+            switch step {
+            case .put(let record):
+                let key = record.key.withUnsafeBytes(place)
+                let payload = record.payload.withUnsafeReadableBytes(place)
+                cSteps.append(
+                    sb_step(
+                        kind: UInt32(SB_STEP_PUT), reserved: 0, key: key, payload: payload,
+                        created_at: record.createdAt, updated_at: record.updatedAt))
+            case .remove(let key):
+                cSteps.append(
+                    sb_step(
+                        kind: UInt32(SB_STEP_REMOVE), reserved: 0, key: key.withUnsafeBytes(place),
+                        payload: sb_bytes(data: nil, length: 0), created_at: 0, updated_at: 0))
+            case .removeAll:
+                cSteps.append(
+                    sb_step(
+                        kind: UInt32(SB_STEP_REMOVE_ALL), reserved: 0, key: sb_bytes(data: nil, length: 0),
+                        payload: sb_bytes(data: nil, length: 0), created_at: 0, updated_at: 0))
+            }
+        }
+        return try cSteps.withUnsafeBufferPointer { (buffer) throws(EngineFailure) in
+            try body(buffer.baseAddress, buffer.count)
+        }
+    }
+
+    static func withKeys<T>(_ keys: [[UInt8]], _ body: (UnsafePointer<sb_bytes>?, Int) throws(EngineFailure) -> T)
+        throws(EngineFailure) -> T
+    {
+        let steps = keys.map { EngineStep.remove(key: $0) }
+        return try withSteps(steps) { (cSteps, count) throws(EngineFailure) in
+            let cKeys = (0..<count).map { cSteps![$0].key }
+            return try cKeys.withUnsafeBufferPointer { (buffer) throws(EngineFailure) in
+                try body(buffer.baseAddress, buffer.count)
+            }
+        }
+    }
+}

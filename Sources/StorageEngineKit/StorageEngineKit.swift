@@ -1,0 +1,239 @@
+import CStorageEngine
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// StorageEngineKit: write a storebroker storage engine in Swift. Implement `EngineDefinition` and
+// `EngineStoreImplementation`, then export the C table from your library:
+//
+//     @_cdecl("storebroker_engine_entry")
+//     public func storebrokerEngineEntry() -> UnsafePointer<storebroker_engine> { table }
+//     private let table = EngineExport.table(for: MyEngine())
+//
+// The kit turns the C calls into Swift calls and Swift errors into `sb_error` reports. It is linked into each
+// engine library on its own; the host never links it (it loads engines only through the C ABI).
+
+/// A failure an engine reports: an SB_ERR_* code and a message.
+public struct EngineError: Error, Sendable {
+    public var code: Int32
+    public var message: String
+
+    public init(_ code: Int32, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public static func io(_ message: String) -> EngineError { EngineError(Int32(SB_ERR_IO), message) }
+    public static func invalid(_ message: String) -> EngineError { EngineError(Int32(SB_ERR_INVALID), message) }
+    public static func corrupt(_ message: String) -> EngineError { EngineError(Int32(SB_ERR_CORRUPT), message) }
+    public static let stopped = EngineError(Int32(SB_ERR_STOPPED), "stopped by the host")
+
+    /// An I/O error from `errno`, naming what was being done. ENOSPC and EDQUOT become SB_ERR_FULL.
+    public static func errno(_ what: String, _ code: Int32 = Glibc.errno) -> EngineError {
+        let text = String(cString: strerror(code))
+        let status = code == ENOSPC || code == EDQUOT ? Int32(SB_ERR_FULL) : Int32(SB_ERR_IO)
+        return EngineError(status, "\(what): \(text)")
+    }
+}
+
+/// An engine: its description, and opening and dropping stores.
+public protocol EngineDefinition: AnyObject, Sendable {
+    var name: String { get }
+    var version: String { get }
+    /// SB_CAP_* bits.
+    var capabilities: UInt64 { get }
+    var optionKeys: [String] { get }
+
+    /// Opens the store; returns it and the sequence of its last apply (0 if new).
+    func open(directory: String, store: String, options: [String: String]) throws(EngineError)
+        -> (store: any EngineStoreImplementation, sequence: UInt64)
+    func drop(directory: String, store: String, options: [String: String]) throws(EngineError)
+}
+
+/// One open store. Calls never overlap (the host serializes them).
+///
+/// The `emit` closures return `false` when the host asks to stop; the implementation then throws
+/// `EngineError.stopped`.
+public protocol EngineStoreImplementation: AnyObject {
+    func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence: UInt64) throws(EngineError)
+    func get(_ keys: UnsafeBufferPointer<sb_bytes>, emit: (Int, UnsafePointer<sb_item>?) -> Bool) throws(EngineError)
+    func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError)
+    func count() throws(EngineError) -> UInt64
+    func keys(emit: (sb_bytes) -> Bool) throws(EngineError)
+    func contains(_ key: sb_bytes) throws(EngineError) -> Bool
+    func close()
+}
+
+/// The test option every engine accepts: `fail_after_steps=N` makes `apply` fail after N steps.
+public struct FailureInjection: Sendable {
+    public static let optionKey = "fail_after_steps"
+    public let afterSteps: Int?
+
+    public init(options: [String: String]) throws(EngineError) {
+        guard let text = options[Self.optionKey] else {
+            afterSteps = nil
+            return
+        }
+        guard let value = Int(text), value >= 0 else {
+            throw EngineError.invalid("\(Self.optionKey) must be a whole number, got \(text.debugDescription)")
+        }
+        afterSteps = value
+    }
+
+    /// Throws SB_ERR_INJECTED when step `index` (0-based) is the one to fail at.
+    public func check(stepIndex index: Int) throws(EngineError) {
+        if let afterSteps, index == afterSteps {
+            throw EngineError(Int32(SB_ERR_INJECTED), "failure injected after \(afterSteps) steps")
+        }
+    }
+}
+
+extension sb_bytes {
+    /// A copy of the bytes.
+    public var bytes: [UInt8] {
+        guard let data, length > 0 else { return [] }
+        return Array(UnsafeBufferPointer(start: data, count: length))
+    }
+}
+
+/// Calls `body` with an `sb_item` pointing at the given bytes.
+public func withItem<R>(
+    key: [UInt8], payload: [UInt8], createdAt: UInt64, updatedAt: UInt64, _ body: (UnsafePointer<sb_item>) -> R
+) -> R {
+    key.withUnsafeBufferPointer { k in
+        payload.withUnsafeBufferPointer { p in
+            var item = sb_item(
+                key: sb_bytes(data: k.baseAddress, length: k.count), payload: sb_bytes(data: p.baseAddress, length: p.count),
+                created_at: createdAt, updated_at: updatedAt)
+            return withUnsafePointer(to: &item, body)
+        }
+    }
+}
+
+/// Builds the C table for an engine.
+public enum EngineExport {
+    /// The table for `engine`, allocated once and never freed (it lives as long as the library).
+    public static func table(for engine: any EngineDefinition) -> UnsafePointer<storebroker_engine> {
+        let tableSize = MemoryLayout<storebroker_engine>.stride
+        // The table, then a pointer to the Swift engine: the thunks find the engine from the table pointer
+        // the host passes back, so no global state is needed.
+        let raw = UnsafeMutableRawPointer.allocate(
+            byteCount: tableSize + MemoryLayout<UnsafeRawPointer>.stride, alignment: 16)
+        let keys = UnsafeMutablePointer<UnsafePointer<CChar>?>.allocate(capacity: engine.optionKeys.count + 1)
+        for (index, key) in engine.optionKeys.enumerated() {
+            keys[index] = UnsafePointer(strdup(key))
+        }
+        keys[engine.optionKeys.count] = nil
+        let table = storebroker_engine(
+            abi_major: UInt16(SB_ENGINE_ABI_MAJOR), abi_minor: UInt16(SB_ENGINE_ABI_MINOR),
+            struct_size: UInt32(MemoryLayout<storebroker_engine>.size),
+            name: UnsafePointer(strdup(engine.name)), version: UnsafePointer(strdup(engine.version)),
+            capabilities: engine.capabilities, option_keys: UnsafePointer(keys),
+            open: { table, directory, store, options, count, outStore, outSequence, error in
+                report(error) { () throws(EngineError) in
+                    let definition = EngineExport.definition(table!)
+                    let opened = try definition.open(
+                        directory: String(cString: directory!), store: String(cString: store!),
+                        options: EngineExport.options(options, count))
+                    outStore!.pointee = OpaquePointer(Unmanaged.passRetained(StoreBox(opened.store)).toOpaque())
+                    outSequence!.pointee = opened.sequence
+                }
+            },
+            close: { handle in
+                let box = Unmanaged<StoreBox>.fromOpaque(UnsafeRawPointer(handle!))
+                box.takeUnretainedValue().store.close()
+                box.release()
+            },
+            drop: { table, directory, store, options, count, error in
+                report(error) { () throws(EngineError) in
+                    try EngineExport.definition(table!).drop(
+                        directory: String(cString: directory!), store: String(cString: store!),
+                        options: EngineExport.options(options, count))
+                }
+            },
+            apply: { handle, steps, count, sequence, error in
+                report(error) { () throws(EngineError) in
+                    try EngineExport.store(handle).apply(UnsafeBufferPointer(start: steps, count: count), sequence: sequence)
+                }
+            },
+            get: { handle, keys, count, sink, context, error in
+                report(error) { () throws(EngineError) in
+                    try EngineExport.store(handle).get(UnsafeBufferPointer(start: keys, count: count)) { index, item in
+                        sink!(context, index, item) == 0
+                    }
+                }
+            },
+            scan: { handle, sink, context, error in
+                report(error) { () throws(EngineError) in
+                    try EngineExport.store(handle).scan { sink!(context, $0) == 0 }
+                }
+            },
+            count: { handle, outCount, error in
+                report(error) { () throws(EngineError) in
+                    outCount!.pointee = try EngineExport.store(handle).count()
+                }
+            },
+            keys: { handle, sink, context, error in
+                report(error) { () throws(EngineError) in
+                    try EngineExport.store(handle).keys { sink!(context, $0) == 0 }
+                }
+            },
+            contains: { handle, key, outPresent, error in
+                report(error) { () throws(EngineError) in
+                    outPresent!.pointee = try EngineExport.store(handle).contains(key) ? 1 : 0
+                }
+            })
+        raw.initializeMemory(as: storebroker_engine.self, to: table)
+        (raw + tableSize).storeBytes(
+            of: Unmanaged.passRetained(EngineBox(engine)).toOpaque(), as: UnsafeMutableRawPointer.self)
+        return UnsafePointer(raw.assumingMemoryBound(to: storebroker_engine.self))
+    }
+
+    static func definition(_ table: UnsafePointer<storebroker_engine>) -> any EngineDefinition {
+        let pointer = UnsafeRawPointer(table).load(
+            fromByteOffset: MemoryLayout<storebroker_engine>.stride, as: UnsafeMutableRawPointer.self)
+        return Unmanaged<EngineBox>.fromOpaque(pointer).takeUnretainedValue().engine
+    }
+
+    static func store(_ handle: OpaquePointer?) -> any EngineStoreImplementation {
+        Unmanaged<StoreBox>.fromOpaque(UnsafeRawPointer(handle!)).takeUnretainedValue().store
+    }
+
+    static func options(_ list: UnsafePointer<sb_option>?, _ count: Int) -> [String: String] {
+        var options: [String: String] = [:]
+        for option in UnsafeBufferPointer(start: list, count: count) {
+            guard let key = option.key, let value = option.value else { continue }
+            options[String(cString: key)] = String(cString: value)
+        }
+        return options
+    }
+}
+
+private final class EngineBox {
+    let engine: any EngineDefinition
+    init(_ engine: any EngineDefinition) { self.engine = engine }
+}
+
+private final class StoreBox {
+    let store: any EngineStoreImplementation
+    init(_ store: any EngineStoreImplementation) { self.store = store }
+}
+
+/// Runs `body`; on failure fills the host's error struct and returns the code.
+private func report(_ report: UnsafeMutablePointer<sb_error>?, _ body: () throws(EngineError) -> Void) -> Int32 {
+    do {
+        try body()
+        return Int32(SB_OK)
+    } catch {
+        if let report {
+            report.pointee.code = error.code
+            withUnsafeMutableBytes(of: &report.pointee.message) { buffer in
+                let utf8 = Array(error.message.utf8.prefix(buffer.count - 1))
+                buffer.copyBytes(from: utf8)
+                buffer[utf8.count] = 0
+            }
+        }
+        return error.code
+    }
+}
