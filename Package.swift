@@ -16,6 +16,7 @@ let package = Package(
         .executable(name: "wiredump", targets: ["wiredump"]),
         // Storage engines: each a shared library libstorebroker-engine-NAME.so beside the daemon binary.
         .library(name: "storebroker-engine-memory", type: .dynamic, targets: ["MemoryEngine"]),
+        .library(name: "storebroker-engine-c-example", type: .dynamic, targets: ["CExampleEngine"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2")
@@ -35,6 +36,9 @@ let package = Package(
         // Helpers for engines written in Swift; linked into each engine library, never into the host.
         .target(name: "StorageEngineKit", dependencies: ["CStorageEngine"]),
         .target(name: "MemoryEngine", dependencies: ["StorageEngineKit", "CStorageEngine"], path: "Sources/Engines/memory"),
+        // The example engine in plain C (examples/c-engine), built like the others.
+        .target(name: "CExampleEngine", dependencies: ["CStorageEngine"], path: "examples/c-engine", sources: ["engine.c"],
+            publicHeadersPath: "."),
         .executableTarget(name: "storebrokerd", dependencies: ["Wire", "BrokerCore", "EngineLoader"]),
         .executableTarget(name: "storectl", dependencies: ["Wire"]),
         .executableTarget(
