@@ -16,6 +16,7 @@ let package = Package(
         .executable(name: "wiredump", targets: ["wiredump"]),
         // Storage engines: each a shared library libstorebroker-engine-NAME.so beside the daemon binary.
         .library(name: "storebroker-engine-memory", type: .dynamic, targets: ["MemoryEngine"]),
+        .library(name: "storebroker-engine-sqlite", type: .dynamic, targets: ["SQLiteEngine"]),
         .library(name: "storebroker-engine-c-example", type: .dynamic, targets: ["CExampleEngine"]),
     ],
     dependencies: [
@@ -36,6 +37,10 @@ let package = Package(
         // Helpers for engines written in Swift; linked into each engine library, never into the host.
         .target(name: "StorageEngineKit", dependencies: ["CStorageEngine"]),
         .target(name: "MemoryEngine", dependencies: ["StorageEngineKit", "CStorageEngine"], path: "Sources/Engines/memory"),
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        .target(
+            name: "SQLiteEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "CSQLite"],
+            path: "Sources/Engines/sqlite"),
         // The example engine in plain C (examples/c-engine), built like the others.
         .target(name: "CExampleEngine", dependencies: ["CStorageEngine"], path: "examples/c-engine", sources: ["engine.c"],
             publicHeadersPath: "."),
