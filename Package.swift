@@ -17,6 +17,7 @@ let package = Package(
         // Storage engines: each a shared library libstorebroker-engine-NAME.so beside the daemon binary.
         .library(name: "storebroker-engine-memory", type: .dynamic, targets: ["MemoryEngine"]),
         .library(name: "storebroker-engine-sqlite", type: .dynamic, targets: ["SQLiteEngine"]),
+        .library(name: "storebroker-engine-disk", type: .dynamic, targets: ["DiskEngine"]),
         .library(name: "storebroker-engine-c-example", type: .dynamic, targets: ["CExampleEngine"]),
     ],
     dependencies: [
@@ -41,6 +42,7 @@ let package = Package(
         .target(
             name: "SQLiteEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "CSQLite"],
             path: "Sources/Engines/sqlite"),
+        .target(name: "DiskEngine", dependencies: ["StorageEngineKit", "CStorageEngine"], path: "Sources/Engines/disk"),
         // The example engine in plain C (examples/c-engine), built like the others.
         .target(name: "CExampleEngine", dependencies: ["CStorageEngine"], path: "examples/c-engine", sources: ["engine.c"],
             publicHeadersPath: "."),

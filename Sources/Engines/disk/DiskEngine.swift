@@ -1,0 +1,395 @@
+import CStorageEngine
+import StorageEngineKit
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// The disk engine: one file per item, made atomic by a journal.
+//
+// Layout of a store's directory:
+//   items/<position>     one file per item; <position> is 16 hex digits, the item's place in the store's
+//                        order (a new key takes the next number; an overwrite keeps its number). Any key byte
+//                        string is safe: keys live inside the files, never in their names.
+//   journal-<sequence>   the redo log of one apply, kept until the next checkpoint
+//   state                the checkpoint: sequence and next position
+//
+// apply: resolve the steps to positions in memory; write the journal (fdatasync), rename it into place and
+// fsync the directory: that single directory fsync is the commit point. Then install: write each item file
+// (temporary name, rename) and unlink removed ones, without fsyncs. Every 16 applies, and on close, a
+// checkpoint flushes the installed files with one syncfs, records the state, and deletes the journals. On
+// open, journals newer than the state are replayed in order (replay is idempotent: it rewrites exactly what
+// the journal names), so an apply is either wholly there after a crash or not at all.
+
+@_cdecl("storebroker_engine_entry")
+public func storebrokerEngineEntry() -> UnsafePointer<storebroker_engine> { diskEngineTable }
+
+nonisolated(unsafe) private let diskEngineTable = EngineExport.table(for: DiskEngine())
+
+final class DiskEngine: EngineDefinition {
+    let name = "disk"
+    let version = "1.0.0"
+    let capabilities = UInt64(SB_CAP_PERSISTENT | SB_CAP_ATOMIC)
+    let optionKeys = ["checkpoint_every", FailureInjection.optionKey]
+
+    func open(directory: String, store: String, options: [String: String]) throws(EngineError)
+        -> (store: any EngineStoreImplementation, sequence: UInt64)
+    {
+        guard let every = Int(options["checkpoint_every", default: "16"]), every > 0 else {
+            throw EngineError.invalid("checkpoint_every must be a positive whole number")
+        }
+        let store = try DiskStore(
+            directory: directory, checkpointEvery: every, failure: try FailureInjection(options: options))
+        return (store, store.sequence)
+    }
+
+    func drop(directory: String, store: String, options: [String: String]) throws(EngineError) {
+        let items = directory + "/items"
+        for name in try Files.list(items) { try Files.remove(items + "/" + name) }
+        if rmdir(items) != 0, errno != ENOENT { throw EngineError.errno("cannot delete \(items)") }
+        for name in try Files.list(directory) where name.hasPrefix("journal-") || name.hasPrefix("state") {
+            try Files.remove(directory + "/" + name)
+        }
+        try Files.syncDirectory(directory)
+    }
+}
+
+/// Where an item lives and its times; the payload stays on disk.
+struct Slot {
+    var position: UInt64
+    var createdAt: UInt64
+    var updatedAt: UInt64
+}
+
+/// A step resolved to positions, as the journal records it.
+enum Resolved {
+    case put(position: UInt64, key: [UInt8], createdAt: UInt64, updatedAt: UInt64, payload: [UInt8])
+    case remove(position: UInt64)
+    case removeAll(positions: [UInt64])
+}
+
+final class DiskStore: EngineStoreImplementation {
+    let directory: String
+    let itemsDirectory: String
+    private(set) var sequence: UInt64 = 0
+    private var nextPosition: UInt64 = 1
+    private var table = OrderedTable<Slot>()
+    private var journals: [String] = []
+    private let checkpointEvery: Int
+    private let failure: FailureInjection
+
+    init(directory: String, checkpointEvery: Int, failure: FailureInjection) throws(EngineError) {
+        self.directory = directory
+        self.itemsDirectory = directory + "/items"
+        self.checkpointEvery = checkpointEvery
+        self.failure = failure
+        try Files.makeDirectory(itemsDirectory)
+        try recover()
+        try loadIndex()
+    }
+
+    // MARK: Recovery and loading
+
+    private func recover() throws(EngineError) {
+        if let bytes = try Files.read(directory + "/state") {
+            var decoder = Decoder(bytes, path: directory + "/state")
+            try decoder.verifySeal()
+            guard Array(try decoder.take(4)) == Array("SBDS".utf8) else {
+                throw EngineError.corrupt("\(directory)/state is not a disk engine state file")
+            }
+            sequence = try decoder.u64()
+            nextPosition = try decoder.u64()
+        }
+        var pending: [(sequence: UInt64, path: String)] = []
+        for name in try Files.list(directory) {
+            let path = directory + "/" + name
+            if name.hasSuffix(".tmp") {
+                try Files.remove(path)  // never committed
+            } else if name.hasPrefix("journal-"), let journalSequence = UInt64(name.dropFirst(8), radix: 16) {
+                if journalSequence > sequence {
+                    pending.append((journalSequence, path))
+                } else {
+                    try Files.remove(path)  // already in the checkpoint
+                }
+            }
+        }
+        for name in try Files.list(itemsDirectory) where name.hasSuffix(".tmp") {
+            try Files.remove(itemsDirectory + "/" + name)
+        }
+        guard !pending.isEmpty else { return }
+        for (_, path) in pending.sorted(by: { $0.sequence < $1.sequence }) {
+            guard let bytes = try Files.read(path) else { continue }
+            let (journalSequence, next, steps) = try Self.decodeJournal(bytes, path: path)
+            try install(steps)
+            sequence = journalSequence
+            nextPosition = max(nextPosition, next)
+            journals.append(path)
+        }
+        try checkpoint()
+    }
+
+    private func loadIndex() throws(EngineError) {
+        var found: [(Slot, [UInt8])] = []
+        for name in try Files.list(itemsDirectory) {
+            guard name.count == 16, let position = UInt64(name, radix: 16) else {
+                throw EngineError.corrupt("unexpected file \(itemsDirectory)/\(name)")
+            }
+            let item = try readItem(position)
+            found.append((Slot(position: position, createdAt: item.createdAt, updatedAt: item.updatedAt), item.key))
+        }
+        found.sort { $0.0.position < $1.0.position }
+        for (slot, key) in found {
+            table.put(key, slot)
+            nextPosition = max(nextPosition, slot.position + 1)
+        }
+    }
+
+    // MARK: Item files
+
+    private func itemPath(_ position: UInt64) -> String {
+        let hex = String(position, radix: 16)
+        return itemsDirectory + "/" + String(repeating: "0", count: max(0, 16 - hex.count)) + hex
+    }
+
+    struct ItemFile {
+        var key: [UInt8]
+        var createdAt: UInt64
+        var updatedAt: UInt64
+        var payload: ArraySlice<UInt8>
+    }
+
+    private func readItem(_ position: UInt64) throws(EngineError) -> ItemFile {
+        let path = itemPath(position)
+        guard let bytes = try Files.read(path) else {
+            throw EngineError.corrupt("\(path) is missing; the store's files are damaged")
+        }
+        var decoder = Decoder(bytes, path: path)
+        guard Array(try decoder.take(4)) == Array("SBDI".utf8) else {
+            throw EngineError.corrupt("\(path) is not a disk engine item")
+        }
+        let createdAt = try decoder.u64()
+        let updatedAt = try decoder.u64()
+        let key = try decoder.blob()
+        return ItemFile(key: key, createdAt: createdAt, updatedAt: updatedAt, payload: try decoder.take(decoder.remaining))
+    }
+
+    private func writeItem(position: UInt64, key: [UInt8], createdAt: UInt64, updatedAt: UInt64, payload: [UInt8])
+        throws(EngineError)
+    {
+        var encoder = Encoder()
+        encoder.raw(Array("SBDI".utf8))
+        encoder.u64(createdAt)
+        encoder.u64(updatedAt)
+        encoder.blob(key)
+        encoder.raw(payload)
+        try Files.replace(itemPath(position), with: encoder.bytes, sync: false)
+    }
+
+    // MARK: Journal
+
+    private static func encodeJournal(sequence: UInt64, nextPosition: UInt64, steps: [Resolved]) -> [UInt8] {
+        var encoder = Encoder()
+        encoder.raw(Array("SBDJ".utf8))
+        encoder.u64(sequence)
+        encoder.u64(nextPosition)
+        encoder.u32(UInt32(steps.count))
+        for step in steps {
+            switch step {
+            case .put(let position, let key, let createdAt, let updatedAt, let payload):
+                encoder.u8(1)
+                encoder.u64(position)
+                encoder.u64(createdAt)
+                encoder.u64(updatedAt)
+                encoder.blob(key)
+                encoder.blob(payload)
+            case .remove(let position):
+                encoder.u8(2)
+                encoder.u64(position)
+            case .removeAll(let positions):
+                encoder.u8(3)
+                encoder.u32(UInt32(positions.count))
+                for position in positions { encoder.u64(position) }
+            }
+        }
+        encoder.seal()
+        return encoder.bytes
+    }
+
+    private static func decodeJournal(_ bytes: [UInt8], path: String) throws(EngineError)
+        -> (UInt64, UInt64, [Resolved])
+    {
+        var decoder = Decoder(bytes, path: path)
+        try decoder.verifySeal()
+        guard Array(try decoder.take(4)) == Array("SBDJ".utf8) else {
+            throw EngineError.corrupt("\(path) is not a disk engine journal")
+        }
+        let sequence = try decoder.u64()
+        let nextPosition = try decoder.u64()
+        var steps: [Resolved] = []
+        for _ in 0..<(try decoder.u32()) {
+            switch try decoder.u8() {
+            case 1:
+                let position = try decoder.u64()
+                let createdAt = try decoder.u64()
+                let updatedAt = try decoder.u64()
+                let key = try decoder.blob()
+                steps.append(.put(position: position, key: key, createdAt: createdAt, updatedAt: updatedAt, payload: try decoder.blob()))
+            case 2: steps.append(.remove(position: try decoder.u64()))
+            case 3:
+                var positions: [UInt64] = []
+                for _ in 0..<(try decoder.u32()) { positions.append(try decoder.u64()) }
+                steps.append(.removeAll(positions: positions))
+            case let kind: throw EngineError.corrupt("\(path) has an unknown step \(kind)")
+            }
+        }
+        return (sequence, nextPosition, steps)
+    }
+
+    /// Makes the item files match the resolved steps. Idempotent, so a replay may repeat it.
+    private func install(_ steps: [Resolved]) throws(EngineError) {
+        for step in steps {
+            switch step {
+            case .put(let position, let key, let createdAt, let updatedAt, let payload):
+                try writeItem(position: position, key: key, createdAt: createdAt, updatedAt: updatedAt, payload: payload)
+            case .remove(let position):
+                try Files.remove(itemPath(position))
+            case .removeAll(let positions):
+                for position in positions { try Files.remove(itemPath(position)) }
+            }
+        }
+    }
+
+    /// Makes every installed file durable, records the state, and drops the journals it covers.
+    private func checkpoint() throws(EngineError) {
+        guard !journals.isEmpty else { return }
+        try Files.syncFilesystem(itemsDirectory)
+        try Files.syncDirectory(itemsDirectory)
+        var encoder = Encoder()
+        encoder.raw(Array("SBDS".utf8))
+        encoder.u64(sequence)
+        encoder.u64(nextPosition)
+        encoder.seal()
+        try Files.replace(directory + "/state", with: encoder.bytes, sync: true)
+        try Files.syncDirectory(directory)
+        // Journals up to `sequence` are skipped on open even if an unlink is lost in a crash.
+        for path in journals { try Files.remove(path) }
+        journals = []
+    }
+
+    // MARK: The ABI
+
+    func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence newSequence: UInt64) throws(EngineError) {
+        // 1. Resolve to positions, in memory (rolled back on any failure before the commit point).
+        table.begin()
+        let savedNext = nextPosition
+        var resolved: [Resolved] = []
+        resolved.reserveCapacity(steps.count)
+        do throws(EngineError) {
+            for (index, step) in steps.enumerated() {
+                try failure.check(stepIndex: index)
+                switch Int(step.kind) {
+                case SB_STEP_PUT:
+                    let key = step.key.bytes
+                    let position = table.value(for: key)?.position ?? nextPosition
+                    if position == nextPosition { nextPosition += 1 }
+                    table.put(key, Slot(position: position, createdAt: step.created_at, updatedAt: step.updated_at))
+                    resolved.append(
+                        .put(position: position, key: key, createdAt: step.created_at, updatedAt: step.updated_at,
+                             payload: step.payload.bytes))
+                case SB_STEP_REMOVE:
+                    if let slot = table.remove(step.key.bytes) { resolved.append(.remove(position: slot.position)) }
+                case SB_STEP_REMOVE_ALL:
+                    var positions: [UInt64] = []
+                    table.forEach { _, slot in
+                        positions.append(slot.position)
+                        return true
+                    }
+                    table.removeAll()
+                    resolved.append(.removeAll(positions: positions))
+                default:
+                    throw EngineError.invalid("unknown step kind \(step.kind)")
+                }
+            }
+            // 2. The journal, then the one directory fsync: the commit point.
+            let name = String(newSequence, radix: 16)
+            let path = directory + "/journal-" + String(repeating: "0", count: max(0, 16 - name.count)) + name
+            try Files.replace(
+                path, with: Self.encodeJournal(sequence: newSequence, nextPosition: nextPosition, steps: resolved),
+                sync: true)
+            journals.append(path)
+            do throws(EngineError) {
+                try Files.syncDirectory(directory)
+            } catch {
+                journals.removeLast()
+                try? Files.remove(path)
+                throw error
+            }
+        } catch {
+            table.rollback()
+            nextPosition = savedNext
+            throw error
+        }
+        table.commit()
+        sequence = newSequence
+        // 3. Install. The apply is committed: if installing fails, the journal stays and is replayed on open;
+        // reads of the files it did not reach fail loudly rather than return old data.
+        try install(resolved)
+        if journals.count >= checkpointEvery { try checkpoint() }
+    }
+
+    func get(_ keys: UnsafeBufferPointer<sb_bytes>, emit: (Int, UnsafePointer<sb_item>?) -> Bool) throws(EngineError) {
+        for (index, key) in keys.enumerated() {
+            let bytes = key.bytes
+            guard let slot = table.value(for: bytes) else {
+                guard emit(index, nil) else { throw EngineError.stopped }
+                continue
+            }
+            guard try emitItem(slot, key: bytes, { emit(index, $0) }) else { throw EngineError.stopped }
+        }
+    }
+
+    func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) {
+        var failure: EngineError?
+        table.forEach { key, slot in
+            do throws(EngineError) {
+                guard try emitItem(slot, key: key, emit) else {
+                    failure = .stopped
+                    return false
+                }
+                return true
+            } catch {
+                failure = error
+                return false
+            }
+        }
+        if let failure { throw failure }
+    }
+
+    private func emitItem(_ slot: Slot, key: [UInt8], _ emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError)
+        -> Bool
+    {
+        let file = try readItem(slot.position)
+        guard file.key == key else {
+            throw EngineError.corrupt("\(itemPath(slot.position)) holds another key; the store's files are damaged")
+        }
+        return withItem(key: key, payload: Array(file.payload), createdAt: slot.createdAt, updatedAt: slot.updatedAt, emit)
+    }
+
+    func count() throws(EngineError) -> UInt64 { UInt64(table.count) }
+
+    func keys(emit: (sb_bytes) -> Bool) throws(EngineError) {
+        var stopped = false
+        table.forEach { key, _ in
+            stopped = !key.withUnsafeBufferPointer { emit(sb_bytes(data: $0.baseAddress, length: $0.count)) }
+            return !stopped
+        }
+        if stopped { throw EngineError.stopped }
+    }
+
+    func contains(_ key: sb_bytes) throws(EngineError) -> Bool { table.contains(key.bytes) }
+
+    func close() {
+        // A failed checkpoint loses nothing: the journals stay and are replayed on the next open.
+        try? checkpoint()
+    }
+}
