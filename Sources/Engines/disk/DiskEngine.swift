@@ -12,7 +12,7 @@ import Glibc
 //                        order (a new key takes the next number; an overwrite keeps its number). Any key byte
 //                        string is safe: keys live inside the files, never in their names.
 //   journal-<sequence>   the redo log of one apply, kept until the next checkpoint
-//   state                the checkpoint: sequence and next position
+//   state                the checkpoint: sequence, next position and item count
 //
 // apply: resolve the steps to positions in memory; write the journal (fdatasync), rename it into place and
 // fsync the directory: that single directory fsync is the commit point. Then install: write each item file
@@ -73,6 +73,8 @@ final class DiskStore: EngineStoreImplementation {
     let itemsDirectory: String
     private(set) var sequence: UInt64 = 0
     private var nextPosition: UInt64 = 1
+    /// How many items the last checkpoint or journal says the store holds: a missing item file is caught.
+    private var expectedCount: UInt64 = 0
     private var table = OrderedTable<Slot>()
     private var journals: [String] = []
     private let checkpointEvery: Int
@@ -99,6 +101,7 @@ final class DiskStore: EngineStoreImplementation {
             }
             sequence = try decoder.u64()
             nextPosition = try decoder.u64()
+            expectedCount = try decoder.u64()
         }
         var pending: [(sequence: UInt64, path: String)] = []
         for name in try Files.list(directory) {
@@ -119,10 +122,11 @@ final class DiskStore: EngineStoreImplementation {
         guard !pending.isEmpty else { return }
         for (_, path) in pending.sorted(by: { $0.sequence < $1.sequence }) {
             guard let bytes = try Files.read(path) else { continue }
-            let (journalSequence, next, steps) = try Self.decodeJournal(bytes, path: path)
+            let (journalSequence, next, count, steps) = try Self.decodeJournal(bytes, path: path)
             try install(steps)
             sequence = journalSequence
             nextPosition = max(nextPosition, next)
+            expectedCount = count
             journals.append(path)
         }
         try checkpoint()
@@ -136,6 +140,10 @@ final class DiskStore: EngineStoreImplementation {
             }
             let item = try readItem(position)
             found.append((Slot(position: position, createdAt: item.createdAt, updatedAt: item.updatedAt), item.key))
+        }
+        guard UInt64(found.count) == expectedCount else {
+            throw EngineError.corrupt(
+                "\(itemsDirectory) holds \(found.count) item files but the store has \(expectedCount) items; its files are damaged")
         }
         found.sort { $0.0.position < $1.0.position }
         for (slot, key) in found {
@@ -187,11 +195,12 @@ final class DiskStore: EngineStoreImplementation {
 
     // MARK: Journal
 
-    private static func encodeJournal(sequence: UInt64, nextPosition: UInt64, steps: [Resolved]) -> [UInt8] {
+    private static func encodeJournal(sequence: UInt64, nextPosition: UInt64, count: Int, steps: [Resolved]) -> [UInt8] {
         var encoder = Encoder()
         encoder.raw(Array("SBDJ".utf8))
         encoder.u64(sequence)
         encoder.u64(nextPosition)
+        encoder.u64(UInt64(count))
         encoder.u32(UInt32(steps.count))
         for step in steps {
             switch step {
@@ -216,7 +225,7 @@ final class DiskStore: EngineStoreImplementation {
     }
 
     private static func decodeJournal(_ bytes: [UInt8], path: String) throws(EngineError)
-        -> (UInt64, UInt64, [Resolved])
+        -> (UInt64, UInt64, UInt64, [Resolved])
     {
         var decoder = Decoder(bytes, path: path)
         try decoder.verifySeal()
@@ -225,6 +234,7 @@ final class DiskStore: EngineStoreImplementation {
         }
         let sequence = try decoder.u64()
         let nextPosition = try decoder.u64()
+        let count = try decoder.u64()
         var steps: [Resolved] = []
         for _ in 0..<(try decoder.u32()) {
             switch try decoder.u8() {
@@ -242,7 +252,8 @@ final class DiskStore: EngineStoreImplementation {
             case let kind: throw EngineError.corrupt("\(path) has an unknown step \(kind)")
             }
         }
-        return (sequence, nextPosition, steps)
+        guard decoder.remaining == 8 else { throw EngineError.corrupt("\(path) has trailing bytes") }
+        return (sequence, nextPosition, count, steps)
     }
 
     /// Makes the item files match the resolved steps. Idempotent, so a replay may repeat it.
@@ -268,6 +279,7 @@ final class DiskStore: EngineStoreImplementation {
         encoder.raw(Array("SBDS".utf8))
         encoder.u64(sequence)
         encoder.u64(nextPosition)
+        encoder.u64(expectedCount)
         encoder.seal()
         try Files.replace(directory + "/state", with: encoder.bytes, sync: true)
         try Files.syncDirectory(directory)
@@ -314,7 +326,9 @@ final class DiskStore: EngineStoreImplementation {
             let name = String(newSequence, radix: 16)
             let path = directory + "/journal-" + String(repeating: "0", count: max(0, 16 - name.count)) + name
             try Files.replace(
-                path, with: Self.encodeJournal(sequence: newSequence, nextPosition: nextPosition, steps: resolved),
+                path,
+                with: Self.encodeJournal(
+                    sequence: newSequence, nextPosition: nextPosition, count: table.count, steps: resolved),
                 sync: true)
             journals.append(path)
             do throws(EngineError) {
@@ -331,6 +345,7 @@ final class DiskStore: EngineStoreImplementation {
         }
         table.commit()
         sequence = newSequence
+        expectedCount = UInt64(table.count)
         // 3. Install. The apply is committed: if installing fails, the journal stays and is replayed on open;
         // reads of the files it did not reach fail loudly rather than return old data.
         try install(resolved)

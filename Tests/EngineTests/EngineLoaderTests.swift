@@ -1,0 +1,231 @@
+import BrokerCore
+@testable import EngineLoader
+import Foundation
+import Testing
+import Wire
+
+/// Runs a command (no shell) and waits for it; returns its exit status.
+func run(_ arguments: [String]) -> Int32 {
+    var pid: pid_t = 0
+    let argv = arguments.map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    guard posix_spawnp(&pid, arguments[0], nil, nil, argv, environ) == 0 else { return -1 }
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0, errno == EINTR {}
+    return (status >> 8) & 0xFF
+}
+
+/// A C engine source whose table can be broken in chosen ways, compiled by the test.
+let brokenEngineSource = #"""
+    #include "storebroker_engine.h"
+    #ifndef ABI_MAJOR
+    #define ABI_MAJOR SB_ENGINE_ABI_MAJOR
+    #endif
+    #ifndef STRUCT_SIZE
+    #define STRUCT_SIZE sizeof(storebroker_engine)
+    #endif
+    #ifndef ENGINE_NAME
+    #define ENGINE_NAME "broken"
+    #endif
+    static int32_t o(const storebroker_engine *e, const char *d, const char *s, const sb_option *p, size_t n,
+                     sb_store **out, uint64_t *seq, sb_error *error) { error->code = SB_ERR_UNSUPPORTED; return 5; }
+    static void c(sb_store *s) {}
+    static int32_t dr(const storebroker_engine *e, const char *d, const char *s, const sb_option *p, size_t n,
+                      sb_error *error) { return 5; }
+    static int32_t ap(sb_store *s, const sb_step *st, size_t n, uint64_t q, sb_error *e) { return 5; }
+    static int32_t g(sb_store *s, const sb_bytes *k, size_t n, sb_slot_sink f, void *x, sb_error *e) { return 5; }
+    static int32_t sc(sb_store *s, sb_item_sink f, void *x, sb_error *e) { return 5; }
+    static int32_t co(sb_store *s, uint64_t *n, sb_error *e) { return 5; }
+    static int32_t ke(sb_store *s, sb_key_sink f, void *x, sb_error *e) { return 5; }
+    static int32_t ct(sb_store *s, sb_bytes k, int32_t *p, sb_error *e) { return 5; }
+    static const char *const keys[] = {NULL};
+    static const storebroker_engine table = {
+        ABI_MAJOR, 3, STRUCT_SIZE, ENGINE_NAME, "0.0.1", 0, keys,
+    #ifdef NULL_MEMBER
+        o, c, dr, 0, g, sc, co, ke, ct,
+    #else
+        o, c, dr, ap, g, sc, co, ke, ct,
+    #endif
+    };
+    #ifndef NO_ENTRY
+    const storebroker_engine *storebroker_engine_entry(void) { return &table; }
+    #else
+    const storebroker_engine *some_other_symbol(void) { return &table; }
+    #endif
+    """#
+
+/// Compiles the broken engine with `defines` into `directory` as engine `name`; returns its path.
+func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) throws -> String {
+    let source = directory + "/broken.c"
+    try brokenEngineSource.write(toFile: source, atomically: true, encoding: .utf8)
+    let output = directory + "/libstorebroker-engine-\(name).so"
+    let status = run(
+        ["cc", "-shared", "-fPIC", "-I", repositoryRoot + "/Sources/CStorageEngine/include", "-o", output, source]
+            + defines.map { "-D" + $0 })
+    #expect(status == 0, "cc failed building \(name)")
+    try FileManager.default.removeItem(atPath: source)
+    return output
+}
+
+@Suite struct EngineLoaderTests {
+    func loadError(_ loader: EngineLoader, _ name: String) -> EngineLoadError? {
+        do {
+            _ = try loader.load(name)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    @Test func theEnginesWeShipAreFoundBesideTheBinary() throws {
+        for name in allEngines {
+            let engine = try sharedLoader.load(name)
+            #expect(engine.path.hasSuffix("/libstorebroker-engine-\(name).so"))
+            #expect(engine.path.hasPrefix("/"))
+        }
+    }
+
+    @Test func aWrongABIMajorIsRefusedBeforeAnythingIsCalled() async throws {
+        try await withTemporaryDirectory { directory in
+            _ = try buildBrokenEngine("future", in: directory, defines: ["ABI_MAJOR=2", "ENGINE_NAME=\"future\""])
+            let error = try #require(loadError(EngineLoader(searchPath: .init(directories: [directory])), "future"))
+            #expect(error.reason == .abiMismatch)
+            #expect(error.message.contains("built for engine ABI 2.3"))
+            #expect(error.message.contains("this host speaks 1.0"))
+            #expect(error.path == directory + "/libstorebroker-engine-future.so")
+        }
+    }
+
+    @Test func aTableShorterThanABI1IsRefused() async throws {
+        try await withTemporaryDirectory { directory in
+            _ = try buildBrokenEngine("short", in: directory, defines: ["STRUCT_SIZE=8", "ENGINE_NAME=\"short\""])
+            let error = try #require(loadError(EngineLoader(searchPath: .init(directories: [directory])), "short"))
+            #expect(error.reason == .abiMismatch)
+            #expect(error.message.contains("table is 8 bytes"))
+        }
+    }
+
+    @Test func aMissingEntrySymbolIsNamed() async throws {
+        try await withTemporaryDirectory { directory in
+            _ = try buildBrokenEngine("nosym", in: directory, defines: ["NO_ENTRY", "ENGINE_NAME=\"nosym\""])
+            let error = try #require(loadError(EngineLoader(searchPath: .init(directories: [directory])), "nosym"))
+            #expect(error.reason == .missingSymbol)
+            #expect(error.message.contains("storebroker_engine_entry"))
+        }
+    }
+
+    @Test func aNullMemberOrAWrongNameIsRefused() async throws {
+        try await withTemporaryDirectory { directory in
+            _ = try buildBrokenEngine("holes", in: directory, defines: ["NULL_MEMBER", "ENGINE_NAME=\"holes\""])
+            let loader = EngineLoader(searchPath: .init(directories: [directory]))
+            #expect(loadError(loader, "holes")?.reason == .invalidEngine)
+            _ = try buildBrokenEngine("liar", in: directory, defines: ["ENGINE_NAME=\"someone-else\""])
+            let error = try #require(loadError(loader, "liar"))
+            #expect(error.reason == .invalidEngine)
+            #expect(error.message.contains("someone-else"))
+        }
+    }
+
+    @Test func aFileThatIsNotASharedObjectIsRefused() async throws {
+        try await withTemporaryDirectory { directory in
+            try "not an ELF file".write(
+                toFile: directory + "/libstorebroker-engine-text.so", atomically: true, encoding: .utf8)
+            let error = try #require(loadError(EngineLoader(searchPath: .init(directories: [directory])), "text"))
+            #expect(error.reason == .notSharedObject)
+        }
+    }
+
+    @Test func aWorldWritableFileIsRefused() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = try buildBrokenEngine("open", in: directory, defines: ["ENGINE_NAME=\"open\""])
+            chmod(path, 0o666)
+            let error = try #require(loadError(EngineLoader(searchPath: .init(directories: [directory])), "open"))
+            #expect(error.reason == .unsafePermissions)
+            #expect(error.message.contains("world-writable"))
+        }
+    }
+
+    @Test func aFileOwnedByAnotherUserIsRefused() async throws {
+        guard getuid() == 0 else {
+            print("EngineLoaderTests: skipped the other-owner case (needs root to chown)")
+            return
+        }
+        try await withTemporaryDirectory { directory in
+            let path = try buildBrokenEngine("theirs", in: directory, defines: ["ENGINE_NAME=\"theirs\""])
+            #expect(chown(path, 65534, 65534) == 0)
+            let error = try #require(loadError(EngineLoader(searchPath: .init(directories: [directory])), "theirs"))
+            #expect(error.reason == .unsafePermissions)
+            #expect(error.message.contains("owned by uid 65534"))
+        }
+    }
+
+    @Test func notFoundListsEveryPathSearched() throws {
+        let loader = EngineLoader(searchPath: .init(directories: ["/nonexistent/a", "/nonexistent/b"]))
+        let error = try #require(loadError(loader, "nothing"))
+        #expect(error.reason == .notFound)
+        #expect(error.message.contains("/nonexistent/a/libstorebroker-engine-nothing.so"))
+        #expect(error.message.contains("/nonexistent/b/libstorebroker-engine-nothing.so"))
+        #expect(loadError(loader, "../etc/x")?.reason == .invalidName)
+    }
+
+    @Test func theSearchPathFollowsTheDocumentedOrder() {
+        let path = EngineSearchPath.standard(
+            engineDirectories: ["/flag/one", "relative"], environmentPath: "/env/a::/env/b",
+            executablePath: "/opt/sb/bin/storebrokerd")
+        let cwd = FileManager.default.currentDirectoryPath
+        #expect(
+            path.directories == [
+                "/flag/one", EngineSearchPath.normalized(cwd + "/relative"), "/env/a", "/env/b", "/opt/sb/bin",
+                "/opt/sb/lib/storebroker/engines",
+            ])
+    }
+
+    @Test func listingShowsEveryFileWithItsVersionOrWhyItCannotLoad() async throws {
+        try await withTemporaryDirectory { directory in
+            _ = try buildBrokenEngine("future", in: directory, defines: ["ABI_MAJOR=2", "ENGINE_NAME=\"future\""])
+            try "junk".write(toFile: directory + "/libstorebroker-engine-junk.so", atomically: true, encoding: .utf8)
+            try "ignored".write(toFile: directory + "/README", atomically: true, encoding: .utf8)
+            // The directory first, then the build directory: a file there named like ours shadows nothing, and one
+            // here named "memory" would shadow the real one.
+            let memory = try sharedLoader.load("memory")
+            let copy = directory + "/libstorebroker-engine-memory.so"
+            try FileManager.default.copyItem(atPath: memory.path, toPath: copy)
+            let buildDirectory = (memory.path as NSString).deletingLastPathComponent
+            let loader = EngineLoader(searchPath: .init(directories: [directory, buildDirectory]))
+            _ = try loader.load("sqlite")
+            let listing = loader.list()
+            let byPath = Dictionary(uniqueKeysWithValues: listing.map { ($0.path, $0.info) })
+            #expect(byPath[directory + "/libstorebroker-engine-future.so"]?.status == .unusable)
+            #expect(byPath[directory + "/libstorebroker-engine-future.so"]?.detail.contains("ABI 2.3") == true)
+            #expect(byPath[directory + "/libstorebroker-engine-junk.so"]?.detail.contains("not a shared object") == true)
+            #expect(byPath[copy]?.status == .available)
+            #expect(byPath[buildDirectory + "/libstorebroker-engine-memory.so"]?.status == .unusable)
+            #expect(byPath[buildDirectory + "/libstorebroker-engine-memory.so"]?.detail.contains("shadowed by") == true)
+            #expect(byPath[buildDirectory + "/libstorebroker-engine-sqlite.so"]?.status == .loaded)
+            #expect(byPath[buildDirectory + "/libstorebroker-engine-disk.so"]?.status == .available)
+            #expect(byPath[buildDirectory + "/libstorebroker-engine-disk.so"]?.detail == "1.0.0")
+            #expect(!listing.contains { $0.path.hasSuffix("README") })
+        }
+    }
+
+    @Test func unknownOptionsAreRefusedAtStartUp() throws {
+        let sqlite = try sharedLoader.load("sqlite")
+        try sqlite.validate(options: ["synchronous": "FULL"])
+        let error = try #require(throws: EngineLoadError.self) { try sqlite.validate(options: ["synchronus": "FULL"]) }
+        #expect(error.reason == .unknownOption)
+        #expect(error.message.contains("synchronus"))
+        #expect(error.message.contains("synchronous"))
+    }
+
+    @Test func aBadOptionValueFailsOpenWithTheEnginesMessage() async throws {
+        let sqlite = try sharedLoader.load("sqlite")
+        try await withTemporaryDirectory { directory in
+            let error = try await #require(throws: EngineFailure.self) {
+                _ = try await sqlite.open(directory: directory, store: "s", options: ["synchronous": "SOMETIMES"])
+            }
+            #expect(error.code == .invalid)
+            #expect(error.description.contains("engine sqlite"))
+            #expect(error.message.contains("SOMETIMES"))
+        }
+    }
+}
