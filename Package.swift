@@ -60,6 +60,12 @@ let package = Package(
                 .product(name: "NIOTestUtils", package: "swift-nio"),
             ]
         ),
+        // Benchmarks (release builds; see docs/BENCHMARKS.md).
+        .executableTarget(
+            name: "engine-bench",
+            dependencies: ["BrokerCore", "EngineLoader", "CSQLite", .product(name: "NIOCore", package: "swift-nio")],
+            path: "Benchmarks/engine-bench"
+        ),
         // The engine conformance suite and the loader's tests: engines are loaded from the build directory
         // through EngineLoader, never linked.
         .testTarget(

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up what is missing, builds, and shows what this build does: the protocol library decoding real frames.
-# (The daemon and storectl arrive with the next issues; this becomes a daemon + storectl round trip then.)
+# and every storage engine at work. (The daemon and storectl arrive with the next issue; this becomes a
+# daemon + storectl round trip then.)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
@@ -18,3 +19,8 @@ printf '%s' "00000011 01 00 0000 00000000 5342524b 01 0001 0008 73746f726563746c
 echo
 echo "== Every test vector in docs/protocol-vectors.json, decoded:"
 "$bin/wiredump" --vectors docs/protocol-vectors.json
+
+echo
+echo "== Every storage engine, loaded with dlopen through the C ABI, writing and reading stores"
+echo "   (one run of the engine benchmark on a debug build; see docs/BENCHMARKS.md for release figures):"
+"$bin/engine-bench" --runs 1

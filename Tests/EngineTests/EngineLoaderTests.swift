@@ -229,3 +229,19 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
         }
     }
 }
+
+@Suite struct CExampleBuildTests {
+    /// The documented plain-cc build of the C example gives a library the loader accepts.
+    @Test func theCExampleBuildsWithPlainCCAndLoads() async throws {
+        try await withTemporaryDirectory { directory in
+            #expect(run(["/bin/sh", repositoryRoot + "/examples/c-engine/build.sh", directory]) == 0)
+            let engine = try EngineLoader(searchPath: .init(directories: [directory])).load("c-example")
+            #expect(engine.path == directory + "/libstorebroker-engine-c-example.so")
+            #expect(engine.capabilities == [.persistent, .atomic])
+            let store = try await engine.open(directory: directory, store: "s", options: [:])
+            try await store.apply([.put(record("a", "1"))], sequence: 1)
+            #expect(try await store.count() == 1)
+            await store.close()
+        }
+    }
+}

@@ -15,8 +15,8 @@ import Glibc
 //   state                the checkpoint: sequence, next position and item count
 //
 // apply: resolve the steps to positions in memory; write the journal (fdatasync), rename it into place and
-// fsync the directory: that single directory fsync is the commit point. Then install: write each item file
-// (temporary name, rename) and unlink removed ones, without fsyncs. Every 16 applies, and on close, a
+// fsync the directory: that single directory fsync is the commit point. Then install: write each item file in
+// place and unlink removed ones, without fsyncs. Every 16 applies, and on close, a
 // checkpoint flushes the installed files with one syncfs, records the state, and deletes the journals. On
 // open, journals newer than the state are replayed in order (replay is idempotent: it rewrites exactly what
 // the journal names), so an apply is either wholly there after a crash or not at all.
@@ -190,7 +190,9 @@ final class DiskStore: EngineStoreImplementation {
         encoder.u64(updatedAt)
         encoder.blob(key)
         encoder.raw(payload)
-        try Files.replace(itemPath(position), with: encoder.bytes, sync: false)
+        // In place, with no temporary name: until the next checkpoint the journal can rewrite this file, so a
+        // crash in the middle of this write is repaired by the replay.
+        try Files.overwrite(itemPath(position), with: encoder.bytes)
     }
 
     // MARK: Journal

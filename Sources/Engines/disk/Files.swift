@@ -55,6 +55,14 @@ enum Files {
         }
     }
 
+    /// Writes `bytes` to `path` in place (created or truncated), with no fsync.
+    static func overwrite(_ path: String, with bytes: [UInt8]) throws(EngineError) {
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw EngineError.errno("cannot create \(path)") }
+        defer { close(fd) }
+        try writeAll(fd, bytes, path)
+    }
+
     static func writeAll(_ fd: Int32, _ bytes: [UInt8], _ path: String) throws(EngineError) {
         var done = 0
         while done < bytes.count {
