@@ -9,7 +9,7 @@ import Glibc
 //
 //     @_cdecl("storebroker_engine_entry")
 //     public func storebrokerEngineEntry() -> UnsafePointer<storebroker_engine> { table }
-//     private let table = EngineExport.table(for: MyEngine())
+//     nonisolated(unsafe) private let table = EngineExport.table(for: MyEngine())
 //
 // The kit turns the C calls into Swift calls and Swift errors into `sb_error` reports. It is linked into each
 // engine library on its own; the host never links it (it loads engines only through the C ABI).

@@ -79,6 +79,9 @@ final class DiskStore: EngineStoreImplementation {
     private var journals: [String] = []
     private let checkpointEvery: Int
     private let failure: FailureInjection
+    /// Set when a committed apply could not be installed: the files no longer match the store until its
+    /// journals are replayed, so every later call fails until the store is reopened.
+    private var installFailure: EngineError?
 
     init(directory: String, checkpointEvery: Int, failure: FailureInjection) throws(EngineError) {
         self.directory = directory
@@ -293,6 +296,7 @@ final class DiskStore: EngineStoreImplementation {
     // MARK: The ABI
 
     func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence newSequence: UInt64) throws(EngineError) {
+        try requireInstalled()
         // 1. Resolve to positions, in memory (rolled back on any failure before the commit point).
         table.begin()
         let savedNext = nextPosition
@@ -348,13 +352,27 @@ final class DiskStore: EngineStoreImplementation {
         table.commit()
         sequence = newSequence
         expectedCount = UInt64(table.count)
-        // 3. Install. The apply is committed: if installing fails, the journal stays and is replayed on open;
-        // reads of the files it did not reach fail loudly rather than return old data.
-        try install(resolved)
-        if journals.count >= checkpointEvery { try checkpoint() }
+        // 3. Install. The apply is committed (its journal is durable), so it reports success whatever happens
+        // now. If installing fails, the journal is replayed on the next open; until then every call fails
+        // loudly rather than serve files that miss a committed apply. A failed checkpoint only keeps the
+        // journals for longer.
+        do throws(EngineError) {
+            try install(resolved)
+        } catch {
+            installFailure = EngineError(
+                error.code, "a committed apply could not be installed (\(error.message)); reopen the store to replay its journal")
+            return
+        }
+        if journals.count >= checkpointEvery { try? checkpoint() }
+    }
+
+    /// Fails if a committed apply is not installed yet.
+    private func requireInstalled() throws(EngineError) {
+        if let installFailure { throw installFailure }
     }
 
     func get(_ keys: UnsafeBufferPointer<sb_bytes>, emit: (Int, UnsafePointer<sb_item>?) -> Bool) throws(EngineError) {
+        try requireInstalled()
         for (index, key) in keys.enumerated() {
             let bytes = key.bytes
             guard let slot = table.value(for: bytes) else {
@@ -366,20 +384,8 @@ final class DiskStore: EngineStoreImplementation {
     }
 
     func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) {
-        var failure: EngineError?
-        table.forEach { key, slot in
-            do throws(EngineError) {
-                guard try emitItem(slot, key: key, emit) else {
-                    failure = .stopped
-                    return false
-                }
-                return true
-            } catch {
-                failure = error
-                return false
-            }
-        }
-        if let failure { throw failure }
+        try requireInstalled()
+        try table.visit { (key, slot) throws(EngineError) in try emitItem(slot, key: key, emit) }
     }
 
     private func emitItem(_ slot: Slot, key: [UInt8], _ emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError)
@@ -394,19 +400,12 @@ final class DiskStore: EngineStoreImplementation {
 
     func count() throws(EngineError) -> UInt64 { UInt64(table.count) }
 
-    func keys(emit: (sb_bytes) -> Bool) throws(EngineError) {
-        var stopped = false
-        table.forEach { key, _ in
-            stopped = !key.withUnsafeBufferPointer { emit(sb_bytes(data: $0.baseAddress, length: $0.count)) }
-            return !stopped
-        }
-        if stopped { throw EngineError.stopped }
-    }
+    func keys(emit: (sb_bytes) -> Bool) throws(EngineError) { try table.emitKeys(emit) }
 
     func contains(_ key: sb_bytes) throws(EngineError) -> Bool { table.contains(key.bytes) }
 
     func close() {
         // A failed checkpoint loses nothing: the journals stay and are replayed on the next open.
-        try? checkpoint()
+        if installFailure == nil { try? checkpoint() }
     }
 }

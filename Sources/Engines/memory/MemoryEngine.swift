@@ -78,24 +78,14 @@ final class MemoryStore: EngineStoreImplementation {
     }
 
     func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) {
-        var stopped = false
-        table.forEach { key, entry in
-            stopped = !withItem(key: key, payload: entry.payload, createdAt: entry.createdAt, updatedAt: entry.updatedAt, emit)
-            return !stopped
+        try table.visit { key, entry in
+            withItem(key: key, payload: entry.payload, createdAt: entry.createdAt, updatedAt: entry.updatedAt, emit)
         }
-        if stopped { throw EngineError.stopped }
     }
 
     func count() throws(EngineError) -> UInt64 { UInt64(table.count) }
 
-    func keys(emit: (sb_bytes) -> Bool) throws(EngineError) {
-        var stopped = false
-        table.forEach { key, _ in
-            stopped = !key.withUnsafeBufferPointer { emit(sb_bytes(data: $0.baseAddress, length: $0.count)) }
-            return !stopped
-        }
-        if stopped { throw EngineError.stopped }
-    }
+    func keys(emit: (sb_bytes) -> Bool) throws(EngineError) { try table.emitKeys(emit) }
 
     func contains(_ key: sb_bytes) throws(EngineError) -> Bool { table.contains(key.bytes) }
 
