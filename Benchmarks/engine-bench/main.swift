@@ -122,12 +122,17 @@ func insert(_ db: OpaquePointer, _ records: ArraySlice<EngineRecord>) {
             + "ON CONFLICT (key) DO UPDATE SET payload = excluded.payload", -1, &statement, nil)
     sqlite3_exec(db, "BEGIN IMMEDIATE", nil, nil, nil)
     for record in records {
-        record.key.withUnsafeBytes { sqlite3_bind_blob(statement, 1, $0.baseAddress, Int32($0.count), nil) }
-        record.payload.withUnsafeReadableBytes { sqlite3_bind_blob(statement, 2, $0.baseAddress, Int32($0.count), nil) }
-        sqlite3_bind_int64(statement, 3, 1)
-        sqlite3_bind_int64(statement, 4, 1)
-        sqlite3_step(statement)
-        sqlite3_reset(statement)
+        // Bound without copying (SQLITE_STATIC), as the engine does; the step runs while the bytes are pinned.
+        record.key.withUnsafeBytes { key in
+            record.payload.withUnsafeReadableBytes { payload in
+                sqlite3_bind_blob(statement, 1, key.baseAddress, Int32(key.count), nil)
+                sqlite3_bind_blob(statement, 2, payload.baseAddress, Int32(payload.count), nil)
+                sqlite3_bind_int64(statement, 3, 1)
+                sqlite3_bind_int64(statement, 4, 1)
+                sqlite3_step(statement)
+                sqlite3_reset(statement)
+            }
+        }
     }
     sqlite3_exec(db, "COMMIT", nil, nil, nil)
     sqlite3_finalize(statement)

@@ -102,7 +102,7 @@ import Wire
 
     @Test func badRequestsAreRefusedOneByOneAndTheConnectionGoesOn() throws {
         var server = ServerSession()
-        var client = ClientSession(clientName: "test")
+        let client = ClientSession(clientName: "test")
         _ = serverActions(&server, try client.hello())
         var stream = ByteBuffer()
         stream.writeImmutableBuffer(rawFrame(type: 0x3F, id: 10))  // unknown type
@@ -129,7 +129,7 @@ import Wire
 
     @Test func anOversizedFrameAfterTheHandshakeCloses() throws {
         var server = ServerSession(limits: .init(maxFrameLength: 4096))
-        var client = ClientSession(clientName: "test")
+        let client = ClientSession(clientName: "test")
         _ = serverActions(&server, try client.hello())
         let actions = serverActions(&server, rawFrame(type: 0x10, length: 4097))
         guard case .close(let bytes) = try #require(actions.first) else {
