@@ -36,6 +36,7 @@ func bigApplySize(_ engine: String) -> Int { engine == "disk" ? 10_000 : 100_000
         }
     }
 
+    /// Opens the suite's store in `directory` (again, for a persistent engine).
     func reopen(_ engine: LoadedEngine, _ directory: String, options: [String: String] = [:]) async throws
         -> any EngineStore
     {
@@ -163,12 +164,12 @@ func bigApplySize(_ engine: String) -> Int { engine == "disk" ? 10_000 : 100_000
     func aFailedApplyLeavesNothingBehind(name: String) async throws {
         let engine = try engine(name)
         try await withTemporaryDirectory { directory in
-            var store = try await engine.open(directory: directory, store: "conformance", options: [:])
+            var store = try await reopen(engine, directory)
             try await store.apply([.put(record("a", "1")), .put(record("b", "2"))], sequence: 1)
             let before = try await store.scanAll()
             await store.close()
 
-            store = try await engine.open(directory: directory, store: "conformance", options: ["fail_after_steps": "3"])
+            store = try await reopen(engine, directory, options: ["fail_after_steps": "3"])
             if !engine.capabilities.contains(.persistent) {
                 try await store.apply([.put(record("a", "1")), .put(record("b", "2"))], sequence: 1)
             }
@@ -183,7 +184,7 @@ func bigApplySize(_ engine: String) -> Int { engine == "disk" ? 10_000 : 100_000
             await store.close()
 
             guard engine.capabilities.contains(.persistent) else { return }
-            let reopened = try await engine.open(directory: directory, store: "conformance", options: [:])
+            let reopened = try await reopen(engine, directory)
             #expect(reopened.openedSequence == 1, "the failed apply's sequence was not recorded")
             #expect(try await reopened.scanAll() == before, "nothing of the failed apply survives a reopen")
             await reopened.close()
@@ -194,13 +195,13 @@ func bigApplySize(_ engine: String) -> Int { engine == "disk" ? 10_000 : 100_000
     func orderTimesAndSequenceSurviveAReopen(name: String) async throws {
         let engine = try engine(name)
         try await withTemporaryDirectory { directory in
-            let store = try await engine.open(directory: directory, store: "conformance", options: [:])
+            let store = try await reopen(engine, directory)
             try await store.apply((0..<50).map { .put(record("k\(49 - $0)", "v\($0)", created: UInt64($0), updated: 7)) }, sequence: 1)
             try await store.apply([.remove(key: Array("k49".utf8)), .put(record("k10", "over", created: 39, updated: 8))], sequence: 2)
             try await store.apply([.put(record("k49", "back", created: 100, updated: 100))], sequence: 3)
             let before = try await store.scanAll()
             await store.close()
-            let reopened = try await engine.open(directory: directory, store: "conformance", options: [:])
+            let reopened = try await reopen(engine, directory)
             #expect(reopened.openedSequence == 3)
             #expect(try await reopened.scanAll() == before)
             #expect(keys(try await reopened.scanAll()).last == "k49")
@@ -226,12 +227,12 @@ func bigApplySize(_ engine: String) -> Int { engine == "disk" ? 10_000 : 100_000
     func dropDeletesEverything(name: String) async throws {
         let engine = try engine(name)
         try await withTemporaryDirectory { directory in
-            let store = try await engine.open(directory: directory, store: "conformance", options: [:])
+            let store = try await reopen(engine, directory)
             try await store.apply([.put(record("a", "1"))], sequence: 1)
             await store.close()
             try await engine.drop(directory: directory, store: "conformance", options: [:])
             #expect(try FileManager.default.contentsOfDirectory(atPath: directory).isEmpty, "drop leaves no file")
-            let reopened = try await engine.open(directory: directory, store: "conformance", options: [:])
+            let reopened = try await reopen(engine, directory)
             #expect(reopened.openedSequence == 0)
             #expect(try await reopened.count() == 0)
             await reopened.close()

@@ -68,6 +68,16 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
 }
 
 @Suite struct EngineLoaderTests {
+    /// Builds the broken engine `name` with `defines` in a temporary directory and returns why it fails to load.
+    func brokenLoadError(_ name: String, _ defines: [String]) async throws -> EngineLoadError {
+        try await withTemporaryDirectory { directory in
+            _ = try buildBrokenEngine(name, in: directory, defines: defines + ["ENGINE_NAME=\"\(name)\""])
+            let error = try #require(loadError(EngineLoader(searchPath: .init(directories: [directory])), name))
+            #expect(error.path == directory + "/libstorebroker-engine-\(name).so")
+            return error
+        }
+    }
+
     func loadError(_ loader: EngineLoader, _ name: String) -> EngineLoadError? {
         do {
             _ = try loader.load(name)
@@ -86,32 +96,22 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
     }
 
     @Test func aWrongABIMajorIsRefusedBeforeAnythingIsCalled() async throws {
-        try await withTemporaryDirectory { directory in
-            _ = try buildBrokenEngine("future", in: directory, defines: ["ABI_MAJOR=2", "ENGINE_NAME=\"future\""])
-            let error = try #require(loadError(EngineLoader(searchPath: .init(directories: [directory])), "future"))
-            #expect(error.reason == .abiMismatch)
-            #expect(error.message.contains("built for engine ABI 2.3"))
-            #expect(error.message.contains("this host speaks 1.0"))
-            #expect(error.path == directory + "/libstorebroker-engine-future.so")
-        }
+        let error = try await brokenLoadError("future", ["ABI_MAJOR=2"])
+        #expect(error.reason == .abiMismatch)
+        #expect(error.message.contains("built for engine ABI 2.3"))
+        #expect(error.message.contains("this host speaks 1.0"))
     }
 
     @Test func aTableShorterThanABI1IsRefused() async throws {
-        try await withTemporaryDirectory { directory in
-            _ = try buildBrokenEngine("short", in: directory, defines: ["STRUCT_SIZE=8", "ENGINE_NAME=\"short\""])
-            let error = try #require(loadError(EngineLoader(searchPath: .init(directories: [directory])), "short"))
-            #expect(error.reason == .abiMismatch)
-            #expect(error.message.contains("table is 8 bytes"))
-        }
+        let error = try await brokenLoadError("short", ["STRUCT_SIZE=8"])
+        #expect(error.reason == .abiMismatch)
+        #expect(error.message.contains("table is 8 bytes"))
     }
 
     @Test func aMissingEntrySymbolIsNamed() async throws {
-        try await withTemporaryDirectory { directory in
-            _ = try buildBrokenEngine("nosym", in: directory, defines: ["NO_ENTRY", "ENGINE_NAME=\"nosym\""])
-            let error = try #require(loadError(EngineLoader(searchPath: .init(directories: [directory])), "nosym"))
-            #expect(error.reason == .missingSymbol)
-            #expect(error.message.contains("storebroker_engine_entry"))
-        }
+        let error = try await brokenLoadError("nosym", ["NO_ENTRY"])
+        #expect(error.reason == .missingSymbol)
+        #expect(error.message.contains("storebroker_engine_entry"))
     }
 
     @Test func aNullMemberOrAWrongNameIsRefused() async throws {
