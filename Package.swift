@@ -2,15 +2,18 @@
 import PackageDescription
 
 // Layers (each target may import only those below it):
-//   Wire          the binary protocol; NIOCore only, never a socket
-//   BrokerCore    store semantics; no networking, no dlopen
-//   EngineLoader  finds and dlopens storage engines
+//   Wire              the binary protocol; NIOCore only, never a socket
+//   BrokerCore        store semantics, sequences, events, subscriptions; no networking, no dlopen
+//   EngineLoader      finds and dlopens storage engines
+//   BrokerServer      the daemon: the Unix socket (NIOPosix), connections, paths, start-up and shutdown
+//   StoreBrokerClient the client connection (NIOPosix): what storectl and applications use
 //   storebrokerd, storectl, wiredump   thin executables
 let package = Package(
     name: "storebroker",
     platforms: [.macOS(.v15)],
     products: [
         .library(name: "Wire", targets: ["Wire"]),
+        .library(name: "StoreBrokerClient", targets: ["StoreBrokerClient"]),
         .executable(name: "storebrokerd", targets: ["storebrokerd"]),
         .executable(name: "storectl", targets: ["storectl"]),
         .executable(name: "wiredump", targets: ["wiredump"]),
@@ -21,14 +24,26 @@ let package = Package(
         .library(name: "storebroker-engine-c-example", type: .dynamic, targets: ["CExampleEngine"]),
     ],
     dependencies: [
-        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2")
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-collections.git", from: "1.6.0"),
     ],
     targets: [
         .target(
             name: "Wire",
             dependencies: [.product(name: "NIOCore", package: "swift-nio")]
         ),
-        .target(name: "BrokerCore", dependencies: ["Wire", .product(name: "NIOCore", package: "swift-nio")]),
+        // An insertion-ordered table with stable positions: the broker's in-memory stores and the Swift engines.
+        .target(name: "OrderedStorage"),
+        .target(
+            name: "BrokerCore",
+            dependencies: [
+                "Wire", "OrderedStorage", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "DequeModule", package: "swift-collections"),
+            ]
+        ),
         // The engine ABI: one C header, shared by the loader, the engines and engines written elsewhere.
         .target(name: "CStorageEngine"),
         .target(
@@ -36,18 +51,49 @@ let package = Package(
             dependencies: ["BrokerCore", "CStorageEngine", "Wire", .product(name: "NIOCore", package: "swift-nio")]
         ),
         // Helpers for engines written in Swift; linked into each engine library, never into the host.
-        .target(name: "StorageEngineKit", dependencies: ["CStorageEngine"]),
-        .target(name: "MemoryEngine", dependencies: ["StorageEngineKit", "CStorageEngine"], path: "Sources/Engines/memory"),
+        .target(name: "StorageEngineKit", dependencies: ["CStorageEngine", "OrderedStorage"]),
+        .target(
+            name: "MemoryEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "OrderedStorage"],
+            path: "Sources/Engines/memory"),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .target(
             name: "SQLiteEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "CSQLite"],
             path: "Sources/Engines/sqlite"),
-        .target(name: "DiskEngine", dependencies: ["StorageEngineKit", "CStorageEngine"], path: "Sources/Engines/disk"),
+        .target(
+            name: "DiskEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "OrderedStorage"],
+            path: "Sources/Engines/disk"),
         // The example engine in plain C (examples/c-engine), built like the others.
         .target(name: "CExampleEngine", dependencies: ["CStorageEngine"], path: "examples/c-engine", sources: ["engine.c"],
             publicHeadersPath: "."),
-        .executableTarget(name: "storebrokerd", dependencies: ["Wire", "BrokerCore", "EngineLoader"]),
-        .executableTarget(name: "storectl", dependencies: ["Wire"]),
+        .target(
+            name: "BrokerServer",
+            dependencies: [
+                "Wire", "BrokerCore", "EngineLoader",
+                .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "DequeModule", package: "swift-collections"),
+            ]
+        ),
+        .target(
+            name: "StoreBrokerClient",
+            dependencies: [
+                "Wire", .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+            ]
+        ),
+        .executableTarget(
+            name: "storebrokerd",
+            dependencies: [
+                "BrokerServer", .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .executableTarget(
+            name: "storectl",
+            dependencies: [
+                "StoreBrokerClient", "Wire", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
         .executableTarget(
             name: "wiredump",
             dependencies: ["Wire", .product(name: "NIOCore", package: "swift-nio")]
@@ -65,6 +111,19 @@ let package = Package(
             name: "engine-bench",
             dependencies: ["BrokerCore", "EngineLoader", "CSQLite", .product(name: "NIOCore", package: "swift-nio")],
             path: "Benchmarks/engine-bench"
+        ),
+        // Store semantics, group commit and subscriptions, with an in-memory engine (no dlopen).
+        .testTarget(
+            name: "BrokerCoreTests",
+            dependencies: [
+                "BrokerCore", "Wire", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The real storebrokerd and storectl binaries on temporary sockets and data directories.
+        .testTarget(
+            name: "IntegrationTests",
+            dependencies: ["Wire", "StoreBrokerClient", .product(name: "NIOCore", package: "swift-nio")]
         ),
         // The engine conformance suite and the loader's tests: engines are loaded from the build directory
         // through EngineLoader, never linked.

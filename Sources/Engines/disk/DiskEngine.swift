@@ -1,4 +1,5 @@
 import CStorageEngine
+import OrderedStorage
 import StorageEngineKit
 
 #if canImport(Glibc)
@@ -75,7 +76,7 @@ final class DiskStore: EngineStoreImplementation {
     private var nextPosition: UInt64 = 1
     /// How many items the last checkpoint or journal says the store holds: a missing item file is caught.
     private var expectedCount: UInt64 = 0
-    private var table = OrderedTable<Slot>()
+    private var table = OrderedTable<[UInt8], Slot>()
     private var journals: [String] = []
     private let checkpointEvery: Int
     private let failure: FailureInjection

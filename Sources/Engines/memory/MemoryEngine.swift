@@ -1,4 +1,5 @@
 import CStorageEngine
+import OrderedStorage
 import StorageEngineKit
 
 // The memory engine: stores live in the process only and start empty on every open. For tests and
@@ -31,7 +32,7 @@ struct Entry {
 }
 
 final class MemoryStore: EngineStoreImplementation {
-    private var table = OrderedTable<Entry>()
+    private var table = OrderedTable<[UInt8], Entry>()
     private var sequence: UInt64 = 0
     private let failure: FailureInjection
 

@@ -1,4 +1,4 @@
-import CStorageEngine
+// No dependencies: shared by the broker's in-memory stores and the engines written in Swift.
 
 /// Key-value pairs in insertion order, with transactions: the ordered map an engine needs.
 ///
@@ -6,38 +6,49 @@ import CStorageEngine
 /// Removal leaves a hole that is compacted away later, so positions stay stable during a transaction.
 /// Between `begin()` and `commit()` every change is logged; `rollback()` undoes them in reverse, so a failed
 /// apply leaves the table exactly as it was, in time proportional to the changes made (not to the table).
-public struct OrderedTable<Value> {
-    private var slots: [(key: [UInt8], value: Value)?] = []
-    private var index: [[UInt8]: Int] = [:]
+public struct OrderedTable<Key: Hashable, Value> {
+    private var slots: [(key: Key, value: Value)?] = []
+    private var index: [Key: Int] = [:]
     private var undo: [Undo]?
 
-    private enum Undo {
-        case restore(slot: Int, entry: (key: [UInt8], value: Value))
-        case unappend(key: [UInt8])
-        case restoreAll(slots: [(key: [UInt8], value: Value)?], index: [[UInt8]: Int])
+    fileprivate enum Undo {
+        case restore(slot: Int, entry: (key: Key, value: Value))
+        case unappend(key: Key)
+        case restoreAll(slots: [(key: Key, value: Value)?], index: [Key: Int])
     }
 
     public init() {}
 
     public var count: Int { index.count }
 
-    public func value(for key: [UInt8]) -> Value? {
+    public func value(for key: Key) -> Value? {
         index[key].flatMap { slots[$0]?.value }
     }
 
-    public func contains(_ key: [UInt8]) -> Bool { index[key] != nil }
+    public func contains(_ key: Key) -> Bool { index[key] != nil }
 
-    /// Every pair, in order.
-    public func forEach(_ body: (_ key: [UInt8], _ value: Value) throws -> Bool) rethrows {
+    /// Every pair, in order, until `body` returns `false`.
+    public func forEach(_ body: (_ key: Key, _ value: Value) throws -> Bool) rethrows {
         for slot in slots {
             guard let slot else { continue }
             if try !body(slot.key, slot.value) { return }
         }
     }
 
+    /// The pairs after `key`, in order, until `body` returns `false`; `false` if `key` is not in the table.
+    @discardableResult
+    public func forEach(after key: Key, _ body: (_ key: Key, _ value: Value) throws -> Bool) rethrows -> Bool {
+        guard let position = index[key] else { return false }
+        for slot in slots[(position + 1)...] {
+            guard let slot else { continue }
+            if try !body(slot.key, slot.value) { break }
+        }
+        return true
+    }
+
     /// Sets `key`; returns the previous value.
     @discardableResult
-    public mutating func put(_ key: [UInt8], _ value: Value) -> Value? {
+    public mutating func put(_ key: Key, _ value: Value) -> Value? {
         if let position = index[key], let old = slots[position] {
             undo?.append(.restore(slot: position, entry: old))
             slots[position] = (key, value)
@@ -51,10 +62,15 @@ public struct OrderedTable<Value> {
 
     /// Removes `key`; returns the removed value.
     @discardableResult
-    public mutating func remove(_ key: [UInt8]) -> Value? {
+    public mutating func remove(_ key: Key) -> Value? {
         guard let position = index.removeValue(forKey: key), let old = slots[position] else { return nil }
-        undo?.append(.restore(slot: position, entry: old))
-        slots[position] = nil
+        if undo == nil {
+            slots[position] = nil
+            compactIfSparse()
+        } else {
+            undo!.append(.restore(slot: position, entry: old))
+            slots[position] = nil
+        }
         return old.value
     }
 
@@ -105,25 +121,6 @@ public struct OrderedTable<Value> {
     }
 }
 
-extension OrderedTable {
-    /// Visits every pair in order. `body` returns `false` when the host asked to stop, which throws
-    /// `EngineError.stopped`; an error `body` throws ends the visit and is rethrown.
-    public func visit(_ body: (_ key: [UInt8], _ value: Value) throws(EngineError) -> Bool) throws(EngineError) {
-        var failure: EngineError?
-        forEach { key, value in
-            do throws(EngineError) {
-                if try body(key, value) { return true }
-                failure = .stopped
-            } catch {
-                failure = error
-            }
-            return false
-        }
-        if let failure { throw failure }
-    }
 
-    /// Hands every key to a host callback, in order (the `keys` call of the ABI).
-    public func emitKeys(_ emit: (sb_bytes) -> Bool) throws(EngineError) {
-        try visit { key, _ in key.withUnsafeBufferPointer { emit(sb_bytes(data: $0.baseAddress, length: $0.count)) } }
-    }
-}
+extension OrderedTable: Sendable where Key: Sendable, Value: Sendable {}
+extension OrderedTable.Undo: Sendable where Key: Sendable, Value: Sendable {}

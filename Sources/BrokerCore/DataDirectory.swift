@@ -1,0 +1,201 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Wire
+
+/// Where the broker keeps its stores (docs/DATA-DIRECTORY.md):
+///
+///     DATA/stores/NAME/manifest   the store's engine and epoch ("key=value" lines)
+///     DATA/stores/NAME/data/      the engine's own files for this store
+///
+/// A store is created by writing its manifest under a temporary name and renaming the directory into place,
+/// so a store directory always has a manifest; it is dropped by renaming it away before deleting it.
+struct DataDirectory: Sendable {
+    let root: String
+
+    var storesDirectory: String { root + "/stores" }
+
+    func storeDirectory(_ name: String) -> String { storesDirectory + "/" + name }
+
+    func engineDirectory(_ name: String) -> String { storeDirectory(name) + "/data" }
+
+    /// Creates the root and the stores directory (mode 0700) if missing.
+    func prepare() throws(WireError) {
+        try FileOps.makeDirectory(root, recursive: true)
+        try FileOps.makeDirectory(storesDirectory, recursive: false)
+    }
+
+    /// The names of the stores with a directory, in byte order.
+    func storeNames() throws(WireError) -> [String] {
+        try FileOps.list(storesDirectory).filter { Naming.problem(withName: $0) == nil && !$0.hasPrefix(".") }
+            .sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+    }
+
+    /// The manifest of store `name`, or `nil` when it has no directory.
+    func manifest(_ name: String) throws(WireError) -> Manifest? {
+        guard let text = try FileOps.readSmallFile(storeDirectory(name) + "/manifest") else { return nil }
+        guard let manifest = Manifest(text: text) else {
+            throw WireError(
+                .engineError, "the manifest of store \(name) (\(storeDirectory(name))/manifest) cannot be read")
+        }
+        return manifest
+    }
+
+    /// Creates the directory of store `name` with its manifest, atomically.
+    func create(_ name: String, manifest: Manifest) throws(WireError) {
+        let staging = storesDirectory + "/.new-\(name)-\(UInt32.random(in: 0...UInt32.max))"
+        try FileOps.makeDirectory(staging, recursive: false)
+        try FileOps.makeDirectory(staging + "/data", recursive: false)
+        try FileOps.writeDurably(staging + "/manifest", manifest.text)
+        try FileOps.rename(staging, storeDirectory(name))
+        try FileOps.syncDirectory(storesDirectory)
+    }
+
+    /// Deletes the directory of store `name`: renamed away first, so a crash never leaves half a store.
+    func remove(_ name: String) throws(WireError) {
+        let doomed = storesDirectory + "/.dropped-\(name)-\(UInt32.random(in: 0...UInt32.max))"
+        try FileOps.rename(storeDirectory(name), doomed)
+        try FileOps.syncDirectory(storesDirectory)
+        try FileOps.removeTree(doomed)
+    }
+
+    /// Deletes leftovers of interrupted creates and drops.
+    func removeLeftovers() throws(WireError) {
+        for entry in try FileOps.list(storesDirectory) where entry.hasPrefix(".new-") || entry.hasPrefix(".dropped-") {
+            try FileOps.removeTree(storesDirectory + "/" + entry)
+        }
+    }
+}
+
+/// What a store remembers about itself: the engine it was created with and its epoch.
+struct Manifest: Hashable, Sendable {
+    static let format = 1
+    var engine: String
+    var epoch: UInt64
+
+    var text: String { "format=\(Self.format)\nengine=\(engine)\nepoch=\(epoch)\n" }
+
+    init(engine: String, epoch: UInt64) {
+        self.engine = engine
+        self.epoch = epoch
+    }
+
+    init?(text: String) {
+        var fields: [String: String] = [:]
+        for line in text.split(separator: "\n") {
+            guard let equals = line.firstIndex(of: "=") else { return nil }
+            fields[String(line[..<equals])] = String(line[line.index(after: equals)...])
+        }
+        guard fields["format"] == String(Self.format), let engine = fields["engine"], !engine.isEmpty,
+            let epoch = fields["epoch"].flatMap(UInt64.init), epoch != 0
+        else { return nil }
+        self.init(engine: engine, epoch: epoch)
+    }
+
+    /// A new store's epoch: random, non-zero, and exact in a JSON number (at most 2^53).
+    static func newEpoch() -> UInt64 { UInt64.random(in: 1...(1 << 53)) }
+}
+
+/// Small POSIX file helpers; every failure becomes an `engineError` naming the path and errno.
+enum FileOps {
+    static func failure(_ what: String, _ path: String, _ code: Int32 = errno) -> WireError {
+        WireError(
+            code == ENOSPC || code == EDQUOT ? .storageFull : .engineError,
+            "\(what) \(path): \(String(cString: strerror(code)))")
+    }
+
+    static func makeDirectory(_ path: String, recursive: Bool) throws(WireError) {
+        if recursive, let slash = path.lastIndex(of: "/"), slash != path.startIndex {
+            let parent = String(path[..<slash])
+            var info = stat()
+            if stat(parent, &info) != 0 { try makeDirectory(parent, recursive: true) }
+        }
+        if mkdir(path, 0o700) != 0, errno != EEXIST { throw failure("cannot create directory", path) }
+    }
+
+    static func list(_ path: String) throws(WireError) -> [String] {
+        guard let dir = opendir(path) else { throw failure("cannot list", path) }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            if name != ".", name != ".." { names.append(name) }
+        }
+        return names
+    }
+
+    /// The file's text, or `nil` when it does not exist.
+    static func readSmallFile(_ path: String) throws(WireError) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        if fd < 0 {
+            if errno == ENOENT { return nil }
+            throw failure("cannot open", path)
+        }
+        defer { close(fd) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = read(fd, &chunk, chunk.count)
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw failure("cannot read", path)
+            }
+            if count == 0 { break }
+            bytes += chunk[..<count]
+            if bytes.count > 1 << 20 { throw WireError(.engineError, "\(path) is too large to be a manifest") }
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// Writes `text` to a new file and syncs it.
+    static func writeDurably(_ path: String, _ text: String) throws(WireError) {
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw failure("cannot create", path) }
+        defer { close(fd) }
+        var bytes = Array(text.utf8)[...]
+        while !bytes.isEmpty {
+            let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            if written < 0 {
+                if errno == EINTR { continue }
+                throw failure("cannot write", path)
+            }
+            bytes = bytes.dropFirst(written)
+        }
+        guard fsync(fd) == 0 else { throw failure("cannot sync", path) }
+    }
+
+    static func rename(_ from: String, _ to: String) throws(WireError) {
+        guard Glibc.rename(from, to) == 0 else { throw failure("cannot rename \(from) to", to) }
+    }
+
+    static func syncDirectory(_ path: String) throws(WireError) {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw failure("cannot open", path) }
+        defer { close(fd) }
+        guard fsync(fd) == 0 else { throw failure("cannot sync", path) }
+    }
+
+    /// Deletes `path` and everything under it; symbolic links are removed, never followed.
+    static func removeTree(_ path: String) throws(WireError) {
+        var info = stat()
+        guard lstat(path, &info) == 0 else {
+            if errno == ENOENT { return }
+            throw failure("cannot inspect", path)
+        }
+        if info.st_mode & S_IFMT == S_IFDIR {
+            for entry in try list(path) { try removeTree(path + "/" + entry) }
+            guard rmdir(path) == 0 else { throw failure("cannot remove", path) }
+        } else {
+            guard unlink(path) == 0 else { throw failure("cannot remove", path) }
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+func currentTimeMilliseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_REALTIME, &now)
+    return UInt64(now.tv_sec) * 1000 + UInt64(now.tv_nsec) / 1_000_000
+}

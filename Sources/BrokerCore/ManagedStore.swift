@@ -1,0 +1,601 @@
+import DequeModule
+import Logging
+import Synchronization
+import Wire
+
+/// How the broker answers a request: once, from whatever thread finished it.
+public typealias Reply = @Sendable (Result<ServerMessage, WireError>) -> Void
+
+/// A write waiting for the store's writer.
+struct PendingWrite: Sendable {
+    enum Kind: Sendable {
+        case write(WriteOperation)
+        case drop
+    }
+
+    var kind: Kind
+    var condition: Condition
+    var reply: Reply
+}
+
+/// What every store of a broker shares.
+struct StoreEnvironment: Sendable {
+    let directory: DataDirectory
+    let engines: any EngineProvider
+    let configuration: BrokerConfiguration
+    let logger: Logger
+}
+
+/// One store: its committed items in memory, its writer, its history and its subscribers.
+///
+/// The store is the only writer of its engine store. Writes queue in `pending` in the order they were
+/// submitted; one writer task at a time takes them in groups, plans each against the committed items plus
+/// the effects of those before it (`WritePlanner`), hands the engine one transaction for the whole group and,
+/// once the engine has committed, updates memory, records the events and offers them to subscribers, all
+/// under the lock, then answers. Reads take the lock only to copy what they answer, so they never wait for
+/// the engine.
+final class ManagedStore: Sendable {
+    let name: String
+    private let environment: StoreEnvironment
+    private let state: Mutex<State>
+
+    private enum Phase {
+        case unloaded, loading, ready
+    }
+
+    private struct State {
+        var phase = Phase.unloaded
+        var waiting: [@Sendable (WireError?) -> Void] = []
+        var contents = StoreContents()
+        /// 0 while the store does not exist.
+        var epoch: UInt64 = 0
+        /// 0 while the store does not exist; +1 per commit.
+        var sequence: UInt64 = 0
+        var manifest: Manifest?
+        var engine: (any StorageEngine)?
+        var engineStore: (any EngineStore)?
+        /// The last `--history` events, oldest first.
+        var history = Deque<ServerMessage.StoreEvent>()
+        var subscribers: [ObjectIdentifier: Subscription] = [:]
+        var pending = Deque<PendingWrite>()
+        var writing = false
+        var stopping = false
+        var idleWaiters: [CheckedContinuation<Void, Never>] = []
+
+        var info: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
+    }
+
+    init(name: String, environment: StoreEnvironment) {
+        self.name = name
+        self.environment = environment
+        self.state = Mutex(State())
+    }
+
+    private var logger: Logger {
+        var logger = environment.logger
+        logger[metadataKey: "store"] = "\(name)"
+        return logger
+    }
+
+    // MARK: Loading
+
+    /// Runs `body` once the store is loaded (at once if it is), with the error if it cannot be.
+    func whenLoaded(_ body: @escaping @Sendable (WireError?) -> Void) {
+        enum Action { case run, wait, load }
+        let action = state.withLock { state -> Action in
+            switch state.phase {
+            case .ready: return .run
+            case .loading:
+                state.waiting.append(body)
+                return .wait
+            case .unloaded:
+                state.waiting.append(body)
+                state.phase = .loading
+                return .load
+            }
+        }
+        switch action {
+        case .run: body(nil)
+        case .wait: break
+        case .load: Task { await self.load() }
+        }
+    }
+
+    /// Waits until the store is loaded.
+    func loaded() async throws(WireError) {
+        let failure: WireError? = await withCheckedContinuation { continuation in
+            whenLoaded { continuation.resume(returning: $0) }
+        }
+        if let failure { throw failure }
+    }
+
+    private func load() async {
+        do throws(WireError) {
+            var contents = StoreContents()
+            var sequence: UInt64 = 0
+            var engine: (any StorageEngine)?
+            var engineStore: (any EngineStore)?
+            let manifest = try environment.directory.manifest(name)
+            if let manifest {
+                let found = try environment.engines.engine(named: manifest.engine)
+                let opened = try await Self.engineCall(found.name) { () throws(EngineFailure) in
+                    try await found.open(
+                        directory: self.environment.directory.engineDirectory(self.name), store: self.name,
+                        options: self.environment.configuration.engineOptions[found.name] ?? [:])
+                }
+                do throws(WireError) {
+                    let records = try await Self.engineCall(found.name) { () throws(EngineFailure) in
+                        try await opened.scanAll()
+                    }
+                    contents = StoreContents(records: records.map(ItemRecord.init(engineRecord:)))
+                } catch {
+                    await opened.close()
+                    throw error
+                }
+                sequence = opened.openedSequence
+                engine = found
+                engineStore = opened
+                logger.debug(
+                    "store loaded",
+                    metadata: ["engine": "\(found.name)", "items": "\(contents.count)", "sequence": "\(sequence)"])
+            }
+            let waiting = state.withLock { state in
+                state.contents = contents
+                state.sequence = sequence
+                // A store whose directory exists but that never committed (a crash between the two) does not
+                // exist yet; its first commit keeps the manifest's epoch.
+                state.epoch = sequence > 0 ? (manifest?.epoch ?? 0) : 0
+                state.manifest = manifest
+                state.engine = engine
+                state.engineStore = engineStore
+                state.phase = .ready
+                defer { state.waiting = [] }
+                return state.waiting
+            }
+            for body in waiting { body(nil) }
+            startWriterIfNeeded()
+        } catch {
+            logger.error("cannot load store: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
+            let (waiting, writes) = state.withLock { state in
+                state.phase = .unloaded
+                defer {
+                    state.waiting = []
+                    state.pending = []
+                }
+                return (state.waiting, Array(state.pending))
+            }
+            for body in waiting { body(error) }
+            for write in writes { write.reply(.failure(error)) }
+        }
+    }
+
+    // MARK: Reads
+
+    /// Answers from the committed state once loaded.
+    private func read(
+        _ reply: @escaping Reply,
+        _ body: @escaping @Sendable (borrowing StoreContents, _ epoch: UInt64, _ sequence: UInt64) -> Result<
+            ServerMessage, WireError
+        >
+    ) {
+        whenLoaded { failure in
+            if let failure { return reply(.failure(failure)) }
+            reply(self.state.withLock { body($0.contents, $0.epoch, $0.sequence) })
+        }
+    }
+
+    func info(_ reply: @escaping Reply) {
+        whenLoaded { failure in
+            if let failure { return reply(.failure(failure)) }
+            reply(.success(.storeInfoResult(.init(info: self.currentInfo()))))
+        }
+    }
+
+    /// The store's info; call only when loaded.
+    func currentInfo() -> StoreInfo {
+        state.withLock { state in
+            StoreInfo(
+                name: name, epoch: state.epoch, sequence: state.sequence, count: UInt64(state.contents.count),
+                engine: state.sequence > 0 ? (state.manifest?.engine ?? "") : "")
+        }
+    }
+
+    func count(_ reply: @escaping Reply) {
+        read(reply) { contents, epoch, sequence in
+            .success(.countResult(.init(epoch: epoch, sequence: sequence, count: UInt64(contents.count))))
+        }
+    }
+
+    func items(_ ids: [ItemID], _ reply: @escaping Reply) {
+        read(reply) { contents, epoch, sequence in
+            let slots = ids.map { id in contents.record(id).map(ItemSlot.present) ?? .missing(id) }
+            return .success(.itemsResult(.init(epoch: epoch, sequence: sequence, elements: slots)))
+        }
+    }
+
+    func range(after cursor: ItemID?, limit: UInt32, _ reply: @escaping Reply) {
+        read(reply) { contents, epoch, sequence in
+            guard let records = contents.records(after: cursor, limit: Int(limit)) else {
+                return .failure(Self.cursorGone(cursor, store: self.name))
+            }
+            return .success(.rangeResult(.init(epoch: epoch, sequence: sequence, elements: records)))
+        }
+    }
+
+    func ids(after cursor: ItemID?, limit: UInt32, _ reply: @escaping Reply) {
+        read(reply) { contents, epoch, sequence in
+            guard let ids = contents.ids(after: cursor, limit: Int(limit)) else {
+                return .failure(Self.cursorGone(cursor, store: self.name))
+            }
+            return .success(.idList(.init(epoch: epoch, sequence: sequence, elements: ids)))
+        }
+    }
+
+    private static func cursorGone(_ cursor: ItemID?, store: String) -> WireError {
+        WireError(
+            .cursorGone,
+            "the cursor id \((cursor?.string ?? "").debugDescription) is no longer in store \(store); "
+                + "start again from the beginning")
+    }
+
+    // MARK: Subscriptions
+
+    /// Registers `subscription`: a snapshot, or the events after a resume point, or `historyGone` and a
+    /// snapshot; then every event. The pushes are queued before the answer is given.
+    func subscribe(_ subscription: Subscription, start: SubscriptionStart, _ reply: @escaping Reply) {
+        whenLoaded { failure in
+            if let failure { return reply(.failure(failure)) }
+            self.state.withLock { state in
+                switch start {
+                case .snapshot:
+                    Self.offerSnapshot(state, to: subscription)
+                case .resume(let epoch, let sequence):
+                    if epoch == state.epoch, sequence == state.sequence {
+                        break  // nothing missed
+                    } else if epoch == state.epoch, epoch != 0, sequence < state.sequence,
+                        let oldest = state.history.first?.sequence, oldest <= sequence + 1
+                    {
+                        for event in state.history where event.sequence > sequence {
+                            subscription.offer(
+                                .storeEvent(event), epoch: event.epoch, sequence: event.sequence, force: true)
+                        }
+                    } else {
+                        subscription.offer(
+                            .historyGone(.init(epoch: state.epoch, sequence: state.sequence)), epoch: state.epoch,
+                            sequence: state.sequence, force: true)
+                        Self.offerSnapshot(state, to: subscription)
+                    }
+                }
+                state.subscribers[ObjectIdentifier(subscription)] = subscription
+            }
+            reply(.success(.subscribed(.init(subscriptionID: subscription.id))))
+        }
+    }
+
+    private static func offerSnapshot(_ state: borrowing State, to subscription: Subscription) {
+        let records = state.contents.records
+        subscription.offer(
+            .storeLoaded(
+                .init(epoch: state.epoch, sequence: state.sequence, count: UInt64(records.count), elements: records)),
+            epoch: state.epoch, sequence: state.sequence, force: true)
+    }
+
+    func unsubscribe(_ subscription: Subscription) {
+        _ = state.withLock { $0.subscribers.removeValue(forKey: ObjectIdentifier(subscription)) }
+        subscription.cancel()
+    }
+
+    /// Offers a push to every subscriber; forgets those that lagged or went away.
+    private static func broadcast(_ message: ServerMessage, epoch: UInt64, sequence: UInt64, in state: inout State) {
+        var ended: [ObjectIdentifier] = []
+        for (key, subscription) in state.subscribers
+        where !subscription.offer(message, epoch: epoch, sequence: sequence) {
+            ended.append(key)
+        }
+        for key in ended { state.subscribers.removeValue(forKey: key) }
+    }
+
+    // MARK: Writes
+
+    /// Queues a write; it is answered once committed (or refused).
+    func submit(_ write: PendingWrite) {
+        let queued = state.withLock { state -> Bool in
+            guard !state.stopping else { return false }
+            state.pending.append(write)
+            return true
+        }
+        guard queued else {
+            return write.reply(.failure(WireError(.shuttingDown, "the broker is shutting down")))
+        }
+        whenLoaded { failure in
+            if failure == nil { self.startWriterIfNeeded() }
+            // On failure `load()` has already answered every pending write.
+        }
+    }
+
+    private func startWriterIfNeeded() {
+        let start = state.withLock { state -> Bool in
+            guard state.phase == .ready, !state.writing, !state.pending.isEmpty else { return false }
+            state.writing = true
+            return true
+        }
+        if start { Task { await self.runWriter() } }
+    }
+
+    private enum Batch {
+        case group([PendingWrite])
+        case drop(PendingWrite)
+    }
+
+    private func runWriter() async {
+        while true {
+            let (batch, idle) = state.withLock { state -> (Batch?, [CheckedContinuation<Void, Never>]) in
+                guard let first = state.pending.first else {
+                    state.writing = false
+                    defer { state.idleWaiters = [] }
+                    return (nil, state.idleWaiters)
+                }
+                if case .drop = first.kind {
+                    state.pending.removeFirst()
+                    return (.drop(first), [])
+                }
+                // An engine without atomic applies gets one request per transaction.
+                let atomic = state.engine?.capabilities.contains(.atomic) ?? true
+                let limit = atomic ? max(1, environment.configuration.maxGroupCommit) : 1
+                var group: [PendingWrite] = []
+                while group.count < limit, let next = state.pending.first {
+                    if case .drop = next.kind { break }
+                    group.append(state.pending.removeFirst())
+                }
+                return (.group(group), [])
+            }
+            guard let batch else {
+                for waiter in idle { waiter.resume() }
+                return
+            }
+            switch batch {
+            case .group(let writes): await commit(writes)
+            case .drop(let write): await drop(write)
+            }
+        }
+    }
+
+    private enum Outcome {
+        case failed(WireError)
+        case unchanged(epoch: UInt64, sequence: UInt64)
+        case committed(sequence: UInt64, events: [EventStep])
+    }
+
+    private func conflict(_ condition: Condition, epoch: UInt64, sequence: UInt64) -> WireError? {
+        let holds: Bool
+        switch condition {
+        case .unconditional: holds = true
+        case .sequence(let expected): holds = expected == sequence
+        case .absent: holds = sequence == 0
+        case .epochSequence(let expectedEpoch, let expected): holds = expectedEpoch == epoch && expected == sequence
+        }
+        if holds { return nil }
+        let now = sequence == 0 ? "does not exist" : "is at sequence \(sequence) (epoch \(epoch))"
+        return WireError(.conflict, "store \(name) \(now); the write expected \(Self.describe(condition))")
+    }
+
+    private static func describe(_ condition: Condition) -> String {
+        switch condition {
+        case .unconditional: "nothing"
+        case .sequence(let sequence): "sequence \(sequence)"
+        case .absent: "that it does not exist"
+        case .epochSequence(let epoch, let sequence): "sequence \(sequence) in epoch \(epoch)"
+        }
+    }
+
+    /// The engine this store uses (the default engine for a store not created yet).
+    private func resolveEngine() throws(WireError) -> any StorageEngine {
+        if let engine = state.withLock({ $0.engine }) { return engine }
+        return try environment.engines.engine(named: environment.configuration.defaultEngine)
+    }
+
+    private func commit(_ writes: [PendingWrite]) async {
+        let engine: any StorageEngine
+        do throws(WireError) {
+            engine = try resolveEngine()
+        } catch {
+            for write in writes { write.reply(.failure(error)) }
+            return
+        }
+        let atomic = engine.capabilities.contains(.atomic)
+        let now = currentTimeMilliseconds()
+
+        // Plan every request against the committed items plus the requests before it.
+        let (outcomes, steps, base, epoch, finalSequence) = state.withLock { state in
+            var planner = WritePlanner(base: state.contents)
+            var epoch = state.epoch
+            var sequence = state.sequence
+            var outcomes: [Outcome] = []
+            var steps: [EngineStep] = []
+            for write in writes {
+                guard case .write(let operation) = write.kind else { preconditionFailure("drops are not grouped") }
+                if let conflict = conflict(write.condition, epoch: epoch, sequence: sequence) {
+                    outcomes.append(.failed(conflict))
+                    continue
+                }
+                if case .chain = operation, !atomic {
+                    outcomes.append(
+                        .failed(
+                            WireError(
+                                .notSupported,
+                                "engine \(engine.name) cannot apply a chain atomically, so store \(name) refuses chains"
+                            )))
+                    continue
+                }
+                guard let planned = planner.plan(operation, now: now) else {
+                    outcomes.append(.unchanged(epoch: epoch, sequence: sequence))
+                    continue
+                }
+                if sequence == 0 { epoch = state.manifest?.epoch ?? Manifest.newEpoch() }
+                sequence += 1
+                outcomes.append(.committed(sequence: sequence, events: planned.events))
+                steps += planned.engineSteps
+            }
+            return (outcomes, steps, state.info, epoch, sequence)
+        }
+
+        guard finalSequence != base.sequence else {
+            answer(writes, outcomes, epoch: epoch)
+            return
+        }
+        do throws(WireError) {
+            let store = try await engineStore(engine, epoch: epoch)
+            try await Self.engineCall(engine.name) { () throws(EngineFailure) in
+                try await store.apply(steps, sequence: finalSequence)
+            }
+        } catch {
+            logger.error(
+                "commit failed, nothing changed: \(error.message)",
+                metadata: ["error.code": "\(error.code.name)", "requests": "\(writes.count)"])
+            let failed = outcomes.map { outcome -> Outcome in
+                switch outcome {
+                case .failed: outcome
+                case .unchanged: .unchanged(epoch: base.epoch, sequence: base.sequence)
+                case .committed: .failed(error)
+                }
+            }
+            answer(writes, failed, epoch: base.epoch)
+            return
+        }
+
+        // Committed: memory, history and subscribers, in sequence order, under the lock.
+        let history = environment.configuration.history
+        state.withLock { state in
+            for outcome in outcomes {
+                guard case .committed(let sequence, let events) = outcome else { continue }
+                state.contents.apply(events)
+                let event = ServerMessage.StoreEvent(epoch: epoch, sequence: sequence, elements: events)
+                if history > 0 {
+                    if state.history.count >= history { state.history.removeFirst() }
+                    state.history.append(event)
+                }
+                Self.broadcast(.storeEvent(event), epoch: epoch, sequence: sequence, in: &state)
+            }
+            state.epoch = epoch
+            state.sequence = finalSequence
+        }
+        answer(writes, outcomes, epoch: epoch)
+    }
+
+    private func answer(_ writes: [PendingWrite], _ outcomes: [Outcome], epoch: UInt64) {
+        for (write, outcome) in zip(writes, outcomes) {
+            switch outcome {
+            case .failed(let error): write.reply(.failure(error))
+            case .unchanged(let epoch, let sequence):
+                write.reply(.success(.writeResult(.init(committed: false, epoch: epoch, sequence: sequence))))
+            case .committed(let sequence, _):
+                write.reply(.success(.writeResult(.init(committed: true, epoch: epoch, sequence: sequence))))
+            }
+        }
+    }
+
+    /// The open engine store, creating the store (directory, manifest, engine files) on its first commit.
+    private func engineStore(_ engine: any StorageEngine, epoch: UInt64) async throws(WireError) -> any EngineStore {
+        let (open, manifest) = state.withLock { ($0.engineStore, $0.manifest) }
+        if let open { return open }
+        let created = manifest ?? Manifest(engine: engine.name, epoch: epoch)
+        if manifest == nil { try environment.directory.create(name, manifest: created) }
+        let store = try await Self.engineCall(engine.name) { () throws(EngineFailure) in
+            try await engine.open(
+                directory: self.environment.directory.engineDirectory(self.name), store: self.name,
+                options: self.environment.configuration.engineOptions[engine.name] ?? [:])
+        }
+        state.withLock { state in
+            state.manifest = created
+            state.engine = engine
+            state.engineStore = store
+        }
+        logger.info("store created", metadata: ["engine": "\(engine.name)", "epoch": "\(created.epoch)"])
+        return store
+    }
+
+    private func drop(_ write: PendingWrite) async {
+        let (info, manifest, engine, store) = state.withLock { ($0.info, $0.manifest, $0.engine, $0.engineStore) }
+        if let conflict = conflict(write.condition, epoch: info.epoch, sequence: info.sequence) {
+            return write.reply(.failure(conflict))
+        }
+        guard let manifest else {
+            return write.reply(.success(.writeResult(.init(committed: false, epoch: 0, sequence: 0))))
+        }
+        do throws(WireError) {
+            if let store {
+                state.withLock { $0.engineStore = nil }
+                await store.close()
+            }
+            let dropper: any StorageEngine
+            if let engine { dropper = engine } else { dropper = try environment.engines.engine(named: manifest.engine) }
+            try await Self.engineCall(dropper.name) { () throws(EngineFailure) in
+                try await dropper.drop(
+                    directory: self.environment.directory.engineDirectory(self.name), store: self.name,
+                    options: self.environment.configuration.engineOptions[dropper.name] ?? [:])
+            }
+            try environment.directory.remove(name)
+        } catch {
+            logger.error("drop failed: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
+            // Reload from whatever is left before the next request.
+            state.withLock { $0.phase = .unloaded }
+            return write.reply(.failure(error))
+        }
+        state.withLock { state in
+            state.contents = StoreContents()
+            state.epoch = 0
+            state.sequence = 0
+            state.manifest = nil
+            state.engine = nil
+            state.history.removeAll()
+            Self.broadcast(
+                .dropped(.init(epoch: info.epoch, sequence: info.sequence)), epoch: 0, sequence: 0, in: &state)
+        }
+        logger.info("store dropped", metadata: ["epoch": "\(info.epoch)", "sequence": "\(info.sequence)"])
+        write.reply(.success(.writeResult(.init(committed: true, epoch: 0, sequence: 0))))
+    }
+
+    // MARK: Shutdown
+
+    /// Refuses new writes, waits for the queued ones to finish, then closes the engine store.
+    func shutdown() async {
+        let writing = state.withLock { state -> Bool in
+            state.stopping = true
+            return state.writing || state.phase == .loading
+        }
+        if writing {
+            await withCheckedContinuation { continuation in
+                let resumeNow = state.withLock { state -> Bool in
+                    guard state.writing else { return true }
+                    state.idleWaiters.append(continuation)
+                    return false
+                }
+                if resumeNow { continuation.resume() }
+            }
+        }
+        let store = state.withLock { state -> (any EngineStore)? in
+            defer { state.engineStore = nil }
+            return state.engineStore
+        }
+        await store?.close()
+    }
+
+    /// Maps an engine's failure to the wire's error codes.
+    static func engineCall<T>(
+        _ engine: String, _ body: () async throws(EngineFailure) -> T
+    ) async throws(WireError) -> T {
+        do throws(EngineFailure) {
+            return try await body()
+        } catch {
+            throw WireError(error.code == .full ? .storageFull : .engineError, error.description)
+        }
+    }
+}
+
+extension ItemRecord {
+    init(engineRecord record: EngineRecord) {
+        self.init(
+            id: ItemID(String(decoding: record.key, as: UTF8.self)), createdAt: record.createdAt,
+            updatedAt: record.updatedAt, payload: Payload(record.payload))
+    }
+}

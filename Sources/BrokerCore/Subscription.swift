@@ -1,0 +1,88 @@
+import DequeModule
+import Synchronization
+import Wire
+
+/// One subscriber's view of a store: the pushes it has yet to receive, in order, in a bounded buffer.
+///
+/// The store's writer offers pushes while it holds the store's lock and never waits: when the buffer is full
+/// the subscription ends with a `lagged` notice after what it already holds, and the store forgets it. The
+/// connection that owns the subscription takes pushes out (`take(max:)`) when `wake` tells it there are some,
+/// as fast as its socket lets it.
+public final class Subscription: Sendable {
+    /// The server-assigned id every push of this subscription carries.
+    public let id: UInt32
+    public let namespace: Namespace
+    public let name: String
+    private let capacity: Int
+    private let wake: @Sendable () -> Void
+    private let state: Mutex<State>
+
+    private struct State {
+        var queue = Deque<ServerMessage>()
+        var ended = false
+        var wakePending = false
+        /// The epoch and sequence of the last push queued, for the `lagged` notice.
+        var epoch: UInt64 = 0
+        var sequence: UInt64 = 0
+    }
+
+    /// `capacity` pushes may wait at once; `wake` is called (on whatever thread offered) when pushes arrive in
+    /// an empty buffer, and again only after `take(max:)` emptied it.
+    public init(
+        id: UInt32, namespace: Namespace, name: String, capacity: Int, wake: @escaping @Sendable () -> Void
+    ) {
+        self.id = id
+        self.namespace = namespace
+        self.name = name
+        self.capacity = max(1, capacity)
+        self.wake = wake
+        self.state = Mutex(State())
+    }
+
+    /// Queues a push. `force` ignores the bound (the snapshot and the replayed history a subscription starts
+    /// with). Returns `false` when the subscription is over (it lagged now, or was cancelled).
+    @discardableResult
+    func offer(_ message: ServerMessage, epoch: UInt64, sequence: UInt64, force: Bool = false) -> Bool {
+        let (alive, mustWake) = state.withLock { state -> (Bool, Bool) in
+            guard !state.ended else { return (false, false) }
+            if !force, state.queue.count >= capacity {
+                state.queue.append(.lagged(.init(epoch: state.epoch, sequence: state.sequence)))
+                state.ended = true
+            } else {
+                state.queue.append(message)
+                state.epoch = epoch
+                state.sequence = sequence
+            }
+            let mustWake = !state.wakePending
+            state.wakePending = true
+            return (!state.ended, mustWake)
+        }
+        if mustWake { wake() }
+        return alive
+    }
+
+    /// Up to `max` pushes, oldest first. When this empties the buffer, the next offer wakes the owner again.
+    public func take(max: Int) -> [ServerMessage] {
+        state.withLock { state in
+            let count = Swift.min(max, state.queue.count)
+            let out = Array(state.queue.prefix(count))
+            state.queue.removeFirst(count)
+            if state.queue.isEmpty { state.wakePending = false }
+            return out
+        }
+    }
+
+    /// Whether pushes are waiting.
+    public var hasPending: Bool { state.withLock { !$0.queue.isEmpty } }
+
+    /// Whether the subscription ended (lagged or cancelled); pushes already queued still wait to be taken.
+    public var isEnded: Bool { state.withLock { $0.ended } }
+
+    /// Ends the subscription and drops what is queued.
+    public func cancel() {
+        state.withLock { state in
+            state.ended = true
+            state.queue.removeAll()
+        }
+    }
+}

@@ -1,0 +1,211 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import BrokerCore
+import Dispatch
+import EngineLoader
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+import Wire
+
+/// The daemon: a broker on a data directory, listening on a Unix socket.
+///
+/// `start` is the one build function: `storebrokerd` calls it (through `run`), and so can tests and the
+/// testing product, so they all run the same code.
+public final class BrokerDaemon: Sendable {
+    public let configuration: ServerConfiguration
+    public let broker: Broker
+    private let logger: Logger
+    private let serverChannel: any Channel
+    private let registry: ConnectionRegistry
+    private let lock: LockHolder
+    private let socketInode: ino_t?
+    private let stopped = Mutex<Bool>(false)
+
+    /// Keeps the data directory lock for as long as the daemon lives.
+    private final class LockHolder: @unchecked Sendable {
+        // Only touched in init and deinit.
+        let lock: DataDirectoryLock
+        init(_ lock: DataDirectoryLock) { self.lock = lock }
+    }
+
+    private init(
+        configuration: ServerConfiguration, broker: Broker, logger: Logger, serverChannel: any Channel,
+        registry: ConnectionRegistry, lock: LockHolder, socketInode: ino_t?
+    ) {
+        self.configuration = configuration
+        self.broker = broker
+        self.logger = logger
+        self.serverChannel = serverChannel
+        self.registry = registry
+        self.lock = lock
+        self.socketInode = socketInode
+    }
+
+    /// Checks the configuration, locks the data directory, loads the default engine, and listens. The socket
+    /// path appears only once the daemon accepts connections.
+    public static func start(configuration: ServerConfiguration, logger: Logger) async throws(DaemonError) -> BrokerDaemon
+    {
+        let socketPath = configuration.socketPath
+        try DaemonPaths.prepareSocketDirectory(for: socketPath, mode: 0o700)
+        switch DaemonPaths.occupant(of: socketPath) {
+        case .liveDaemon:
+            throw DaemonError("a storebrokerd is already listening on \(socketPath)")
+        case .notASocket:
+            throw DaemonError("\(socketPath) exists and is not a socket; refusing to replace it")
+        case .staleSocket:
+            logger.info("replacing a stale socket", metadata: ["socket": "\(socketPath)"])
+        case .nothing:
+            break
+        }
+
+        let dataDirectory = configuration.broker.dataDirectory
+        guard dataDirectory.hasPrefix("/") else { throw DaemonError("the data directory must be absolute: \(dataDirectory)") }
+        try DaemonPaths.makeDirectories(dataDirectory)
+        let lock = LockHolder(try DataDirectoryLock(directory: dataDirectory))
+
+        let loader = EngineLoader(
+            searchPath: .standard(
+                engineDirectories: configuration.engineDirectories,
+                environmentPath: configuration.environmentEnginePath))
+        let engines = LoaderEngineProvider(loader: loader)
+        try engines.validate(configuration.broker)
+
+        let broker: Broker
+        do {
+            broker = try Broker(configuration: configuration.broker, engines: engines, logger: logger)
+        } catch {
+            throw DaemonError("cannot prepare the data directory \(dataDirectory): \(error.message)")
+        }
+
+        // Bind a temporary name in the same directory, then rename it into place.
+        let temporary = DaemonPaths.parent(of: socketPath) + "/.storebrokerd-\(getpid()).sock"
+        guard temporary.utf8.count <= SocketPath.maxLength else {
+            throw DaemonError("the socket path is too long to bind beside it (\(temporary))")
+        }
+        unlink(temporary)
+        let registry = ConnectionRegistry()
+        let serverChannel: any Channel
+        do {
+            serverChannel = try await makeBootstrap(configuration: configuration, broker: broker, registry: registry, logger: logger)
+                .bind(unixDomainSocketPath: temporary).get()
+        } catch {
+            throw DaemonError("cannot listen on \(temporary): \(error)")
+        }
+        guard chmod(temporary, 0o600) == 0, rename(temporary, socketPath) == 0 else {
+            let reason = DaemonPaths.errorText()
+            unlink(temporary)
+            try? await serverChannel.close()
+            throw DaemonError("cannot put the socket in place at \(socketPath): \(reason)")
+        }
+        logger.info(
+            "storebrokerd ready",
+            metadata: [
+                "socket": "\(socketPath)", "data": "\(dataDirectory)", "engine": "\(configuration.broker.defaultEngine)",
+                "version": "\(StoreBrokerVersion.string)",
+            ])
+        if configuration.dbus != .disabled {
+            logger.notice("D-Bus signals are not implemented in this build; running as with --no-dbus")
+        }
+        return BrokerDaemon(
+            configuration: configuration, broker: broker, logger: logger, serverChannel: serverChannel,
+            registry: registry, lock: lock, socketInode: DaemonPaths.inode(of: socketPath))
+    }
+
+    private static func makeBootstrap(
+        configuration: ServerConfiguration, broker: Broker, registry: ConnectionRegistry, logger: Logger
+    ) -> ServerBootstrap {
+        let ownUID = getuid()
+        let limits = configuration.limits
+        let subscriberBuffer = configuration.broker.subscriberBuffer
+        return ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.backlog, value: 256)
+            .childChannelOption(.maxMessagesPerRead, value: 4)
+            .childChannelOption(.writeBufferWaterMark, value: .init(low: 64 * 1024, high: 256 * 1024))
+            .childChannelInitializer { channel in
+                peerCredentials(of: channel).flatMap { credentials in
+                    var connectionLogger = logger
+                    connectionLogger[metadataKey: "peer.pid"] = "\(credentials?.pid ?? 0)"
+                    connectionLogger[metadataKey: "peer.uid"] = "\(credentials.map { String($0.uid) } ?? "?")"
+                    guard let credentials, credentials.uid == ownUID || credentials.uid == 0 else {
+                        connectionLogger.warning("refused a peer of another user")
+                        let error = ServerSession.errorFrame(
+                            WireError(
+                                .permissionDenied,
+                                "this broker serves uid \(ownUID) only; uid \(credentials.map { String($0.uid) } ?? "unknown") is not allowed"
+                            ), id: 0)
+                        return channel.writeAndFlush(error).flatMap { channel.close() }
+                    }
+                    return channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(
+                            ConnectionHandler(
+                                broker: broker, limits: limits, subscriberBuffer: subscriberBuffer,
+                                registry: registry, logger: connectionLogger))
+                    }
+                }
+            }
+    }
+
+    /// `struct ucred` (Glibc hides it behind _GNU_SOURCE): pid, uid, gid.
+    struct PeerCredentials: Sendable {
+        var pid: Int32 = 0
+        var uid: UInt32 = 0
+        var gid: UInt32 = 0
+    }
+
+    /// The peer's credentials (`SO_PEERCRED`), or `nil` when they cannot be read.
+    private static func peerCredentials(of channel: any Channel) -> EventLoopFuture<PeerCredentials?> {
+        guard let provider = channel as? any SocketOptionProvider else {
+            return channel.eventLoop.makeSucceededFuture(nil)
+        }
+        let future: EventLoopFuture<PeerCredentials> = provider.unsafeGetSocketOption(
+            level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
+        return future.map { Optional($0) }.recover { _ in nil }
+    }
+
+    /// Stops: no new connections, queued writes finished and answered, `goodbye` to every client, engines
+    /// closed, the socket removed (if it is still ours). Safe to call more than once.
+    public func shutdown() async {
+        let first = stopped.withLock { stopped in
+            defer { stopped = true }
+            return !stopped
+        }
+        guard first else { return }
+        logger.info("shutting down")
+        try? await serverChannel.close()
+        await broker.shutdown()
+        await registry.closeAll(message: "storebrokerd is shutting down")
+        if let socketInode, DaemonPaths.inode(of: configuration.socketPath) == socketInode {
+            unlink(configuration.socketPath)
+        }
+        logger.info("stopped")
+    }
+
+    /// Runs until SIGTERM or SIGINT, then shuts down. The signal mask is reset first: a parent may have
+    /// left SIGTERM blocked (../PITFALLS.md), and the daemon must always hear it.
+    public static func run(configuration: ServerConfiguration, logger: Logger) async throws(DaemonError) {
+        var empty = sigset_t()
+        sigemptyset(&empty)
+        pthread_sigmask(SIG_SETMASK, &empty, nil)
+        signal(SIGTERM, SIG_IGN)
+        signal(SIGINT, SIG_IGN)
+        signal(SIGPIPE, SIG_IGN)
+
+        let daemon = try await start(configuration: configuration, logger: logger)
+        let (signals, continuation) = AsyncStream.makeStream(of: Int32.self)
+        let sources = [SIGTERM, SIGINT].map { number in
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { continuation.yield(number) }
+            source.resume()
+            return source
+        }
+        for await number in signals {
+            logger.info("received \(number == SIGTERM ? "SIGTERM" : "SIGINT")")
+            break
+        }
+        for source in sources { source.cancel() }
+        await daemon.shutdown()
+    }
+}

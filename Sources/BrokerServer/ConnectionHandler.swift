@@ -1,0 +1,336 @@
+import BrokerCore
+import DequeModule
+import Logging
+import NIOCore
+import Synchronization
+import Wire
+
+/// One client connection: the protocol session, the requests in flight, the answers in request order and
+/// the pushes of its subscriptions.
+///
+/// Everything here runs on the channel's event loop. The broker answers from other threads; answers hop back
+/// with `execute`. Back-pressure: the handler stops reading when `maxInFlight` requests are unanswered or
+/// when the socket's send buffer is full (the channel is not writable), so a client that pipelines without
+/// reading cannot grow the daemon's memory; a subscriber that does not read fills its bounded subscription
+/// buffer and is told it lagged.
+final class ConnectionHandler: ChannelDuplexHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private let broker: Broker
+    private let limits: ServerSession.Limits
+    private let subscriberBuffer: Int
+    private let registry: ConnectionRegistry
+    private var logger: Logger
+    private var session: ServerSession
+    private var input = ByteBuffer()
+    private var context: ChannelHandlerContext?
+
+    /// Requests not yet answered on the wire, in request order; `base` is the absolute index of the first.
+    private var slots = Deque<Slot>()
+    private var base: UInt64 = 0
+    /// Writes whose answer has not arrived.
+    private var openWrites = Set<UInt64>()
+    /// Requests held back so that a read sees this connection's earlier writes (and later requests keep
+    /// their order behind it).
+    private var held = Deque<Held>()
+
+    private var subscriptions: [UInt32: Subscription] = [:]
+    /// Subscriptions whose `subscribed` answer has gone out, so their pushes may follow.
+    private var flowing = Set<UInt32>()
+    private var nextSubscriptionID: UInt32 = 1
+
+    private var readHeld = false
+    private var closing = false
+
+    private struct Slot {
+        var id: UInt32
+        var answer: ByteBuffer?
+        var opensSubscription: UInt32?
+    }
+
+    private struct Held {
+        var slot: UInt64
+        var id: UInt32
+        var request: ClientMessage
+    }
+
+    init(broker: Broker, limits: ServerSession.Limits, subscriberBuffer: Int, registry: ConnectionRegistry, logger: Logger)
+    {
+        self.broker = broker
+        self.limits = limits
+        self.subscriberBuffer = subscriberBuffer
+        self.registry = registry
+        self.logger = logger
+        self.session = ServerSession(limits: limits)
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        registry.add(context.channel, goodbye: NIOLoopBound(self, eventLoop: context.eventLoop))
+        context.fireChannelActive()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        closing = true
+        registry.remove(context.channel)
+        for subscription in subscriptions.values { broker.unsubscribe(subscription) }
+        subscriptions = [:]
+        flowing = []
+        held = []
+        logger.debug("connection closed")
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        logger.debug("connection error: \(error)")
+        context.close(promise: nil)
+    }
+
+    // MARK: Input
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var bytes = unwrapInboundIn(data)
+        input.writeBuffer(&bytes)
+        processInput()
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if canRead(context) {
+            context.read()
+        } else {
+            readHeld = true
+        }
+    }
+
+    private func canRead(_ context: ChannelHandlerContext) -> Bool {
+        !closing && slots.count < limits.maxInFlight && context.channel.isWritable
+    }
+
+    private func resumeReading() {
+        guard readHeld, let context, canRead(context) else { return }
+        readHeld = false
+        context.read()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            drainSubscriptions()
+            processInput()
+            resumeReading()
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    /// Turns buffered bytes into requests while the in-flight cap and the socket allow.
+    private func processInput() {
+        guard let context else { return }
+        while !closing, slots.count < limits.maxInFlight, context.channel.isWritable,
+            let action = session.next(from: &input)
+        {
+            switch action {
+            case .reply(let welcome):
+                if case .established(let version, let name) = session.state {
+                    logger[metadataKey: "client"] = "\(name)"
+                    logger.debug("handshake done", metadata: ["protocol": "\(version)"])
+                }
+                context.write(wrapOutboundOut(welcome), promise: nil)
+            case .refuse(let error):
+                let id = error.getInteger(at: error.readerIndex + 8, as: UInt32.self) ?? 0
+                slots.append(Slot(id: id, answer: error))
+            case .close(let error):
+                logger.info("closing the connection after a protocol error")
+                flushAnswers()
+                closing = true
+                let channel = context.channel
+                context.writeAndFlush(wrapOutboundOut(error)).whenComplete { _ in channel.close(promise: nil) }
+                return
+            case .request(let id, let request):
+                accept(id: id, request)
+            }
+        }
+        input.discardReadBytes()
+        flushAnswers()
+        context.flush()
+    }
+
+    private func accept(id: UInt32, _ request: ClientMessage) {
+        let slot = base + UInt64(slots.count)
+        slots.append(Slot(id: id, answer: nil))
+        if held.isEmpty, mayStart(request, slot: slot) {
+            start(request, id: id, slot: slot)
+        } else {
+            held.append(Held(slot: slot, id: id, request: request))
+        }
+    }
+
+    /// A read waits for this connection's earlier writes, so a client reads its own writes.
+    private func mayStart(_ request: ClientMessage, slot: UInt64) -> Bool {
+        request.isWrite || (openWrites.min() ?? .max) > slot
+    }
+
+    private func startHeld() {
+        while let next = held.first, mayStart(next.request, slot: next.slot) {
+            held.removeFirst()
+            start(next.request, id: next.id, slot: next.slot)
+        }
+    }
+
+    private func start(_ request: ClientMessage, id: UInt32, slot: UInt64) {
+        switch request {
+        case .subscribe(let subscribe):
+            let subscriptionID = nextSubscriptionID
+            nextSubscriptionID &+= 1
+            if nextSubscriptionID == 0 { nextSubscriptionID = 1 }
+            let loop = NIOLoopBound(self, eventLoop: context!.eventLoop)
+            let subscription = Subscription(
+                id: subscriptionID, namespace: subscribe.namespace, name: subscribe.name, capacity: subscriberBuffer,
+                wake: { loop.eventLoop.execute { loop.value.drainSubscriptions() } })
+            subscriptions[subscriptionID] = subscription
+            slots[Int(slot - base)].opensSubscription = subscriptionID
+            broker.subscribe(subscription, start: subscribe.start, reply: replier(slot: slot, id: id, write: false))
+        case .unsubscribe(let unsubscribe):
+            if let subscription = subscriptions.removeValue(forKey: unsubscribe.subscriptionID) {
+                flowing.remove(unsubscribe.subscriptionID)
+                broker.unsubscribe(subscription)
+                complete(slot: slot, id: id, .success(.unsubscribed(.init(subscriptionID: subscription.id))))
+            } else {
+                complete(
+                    slot: slot, id: id,
+                    .failure(WireError(.invalidRequest, "no subscription \(unsubscribe.subscriptionID) on this connection")))
+            }
+        default:
+            if request.isWrite { openWrites.insert(slot) }
+            broker.handle(request, reply: replier(slot: slot, id: id, write: request.isWrite))
+        }
+    }
+
+    private func replier(slot: UInt64, id: UInt32, write: Bool) -> Reply {
+        let loop = NIOLoopBound(self, eventLoop: context!.eventLoop)
+        return { result in
+            if loop.eventLoop.inEventLoop {
+                loop.value.complete(slot: slot, id: id, result, write: write)
+            } else {
+                loop.eventLoop.execute { loop.value.complete(slot: slot, id: id, result, write: write) }
+            }
+        }
+    }
+
+    // MARK: Output
+
+    private func complete(slot: UInt64, id: UInt32, _ result: Result<ServerMessage, WireError>, write: Bool = false) {
+        if write {
+            openWrites.remove(slot)
+        }
+        guard slot >= base, slot - base < UInt64(slots.count) else { return }  // the connection went away
+        let index = Int(slot - base)
+        var out = ByteBuffer()
+        switch result {
+        case .success(let message):
+            do {
+                try message.encode(id: id, maxFrameLength: limits.maxFrameLength, into: &out)
+            } catch {
+                out = ServerSession.errorFrame(error, id: id)
+            }
+        case .failure(let error):
+            out = ServerSession.errorFrame(error, id: id)
+            if let subscriptionID = slots[index].opensSubscription {
+                subscriptions.removeValue(forKey: subscriptionID)
+                slots[index].opensSubscription = nil
+            }
+        }
+        slots[index].answer = out
+        if write { startHeld() }
+        flushAnswers()
+        context?.flush()
+        processInput()
+        resumeReading()
+    }
+
+    /// Writes the answers that are next in request order.
+    private func flushAnswers() {
+        guard let context else { return }
+        var opened = false
+        while let first = slots.first, let answer = first.answer {
+            context.write(wrapOutboundOut(answer), promise: nil)
+            if let subscriptionID = first.opensSubscription, subscriptions[subscriptionID] != nil {
+                flowing.insert(subscriptionID)
+                opened = true
+            }
+            slots.removeFirst()
+            base += 1
+        }
+        if opened { drainSubscriptions() }
+    }
+
+    /// Writes queued pushes while the socket takes them.
+    func drainSubscriptions() {
+        guard let context, !closing else { return }
+        var wrote = false
+        for subscriptionID in flowing.sorted() {
+            guard let subscription = subscriptions[subscriptionID] else { continue }
+            while context.channel.isWritable {
+                let pushes = subscription.take(max: 32)
+                if pushes.isEmpty { break }
+                for push in pushes {
+                    var out = ByteBuffer()
+                    do {
+                        try push.encode(id: subscriptionID, maxFrameLength: limits.maxFrameLength, into: &out)
+                    } catch {
+                        logger.error("cannot encode a push: \(error)")
+                        continue
+                    }
+                    context.write(wrapOutboundOut(out), promise: nil)
+                    wrote = true
+                }
+            }
+            if subscription.isEnded, !subscription.hasPending {
+                // It lagged: the notice is out; the subscription is over.
+                subscriptions.removeValue(forKey: subscriptionID)
+                flowing.remove(subscriptionID)
+            }
+        }
+        if wrote { context.flush() }
+    }
+
+    /// Shutdown: the answers that are ready, then `goodbye`, then close.
+    func sayGoodbye(_ message: String) {
+        guard let context, !closing else { return }
+        flushAnswers()
+        drainSubscriptions()
+        closing = true
+        var out = ByteBuffer()
+        try? ServerMessage.goodbye(.init(code: .shuttingDown, message: message)).encode(
+            id: 0, maxFrameLength: limits.maxFrameLength, into: &out)
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(out)).whenComplete { _ in channel.close(promise: nil) }
+    }
+}
+
+/// The open connections, so shutdown can say goodbye to each.
+final class ConnectionRegistry: Sendable {
+    private let connections = Mutex<[ObjectIdentifier: (any Channel, NIOLoopBound<ConnectionHandler>)]>([:])
+
+    func add(_ channel: any Channel, goodbye: NIOLoopBound<ConnectionHandler>) {
+        connections.withLock { $0[ObjectIdentifier(channel)] = (channel, goodbye) }
+    }
+
+    func remove(_ channel: any Channel) {
+        _ = connections.withLock { $0.removeValue(forKey: ObjectIdentifier(channel)) }
+    }
+
+    /// Sends `goodbye` on every connection and waits until they are closed.
+    func closeAll(message: String) async {
+        let all = connections.withLock { Array($0.values) }
+        for (channel, handler) in all {
+            channel.eventLoop.execute { handler.value.sayGoodbye(message) }
+        }
+        for (channel, _) in all {
+            try? await channel.closeFuture.get()
+        }
+    }
+}

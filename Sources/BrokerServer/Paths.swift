@@ -1,0 +1,131 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Wire
+
+/// File-system checks and set-up for the daemon's socket and data directory (PRODUCT.md "Interfaces").
+public enum DaemonPaths {
+    /// `$XDG_DATA_HOME/storebroker`, else `~/.local/share/storebroker` (home from the password database when
+    /// `HOME` is unset). An empty or relative `XDG_DATA_HOME` counts as unset.
+    public static func defaultDataDirectory(environment: [String: String]) -> String {
+        if let data = environment["XDG_DATA_HOME"], data.hasPrefix("/") { return data + "/storebroker" }
+        var home = environment["HOME"].flatMap { $0.hasPrefix("/") ? $0 : nil }
+        if home == nil, let entry = getpwuid(getuid()), let dir = entry.pointee.pw_dir { home = String(cString: dir) }
+        return (home ?? "/") + "/.local/share/storebroker"
+    }
+
+    /// `mkdir -p` with mode 0700 for what it creates.
+    static func makeDirectories(_ path: String) throws(DaemonError) {
+        var info = stat()
+        if stat(path, &info) == 0 { return }
+        let up = parent(of: path)
+        if up != path { try makeDirectories(up) }
+        guard mkdir(path, 0o700) == 0 || errno == EEXIST else {
+            throw DaemonError("cannot create \(path): \(errorText())")
+        }
+    }
+
+    static func parent(of path: String) -> String {
+        guard let slash = path.lastIndex(of: "/") else { return "." }
+        return slash == path.startIndex ? "/" : String(path[..<slash])
+    }
+
+    static func errorText(_ code: Int32 = errno) -> String { String(cString: strerror(code)) }
+
+    /// Makes sure the socket's directory is safe: created with `mode` when missing (and only then given a
+    /// mode); an existing one must be a real directory owned by us or by root, never a symbolic link.
+    static func prepareSocketDirectory(for socketPath: String, mode: mode_t) throws(DaemonError) {
+        guard socketPath.hasPrefix("/") else { throw DaemonError("the socket path must be absolute: \(socketPath)") }
+        guard socketPath.utf8.count <= SocketPath.maxLength else {
+            throw DaemonError(
+                "the socket path is \(socketPath.utf8.count) bytes; a Unix socket path holds at most "
+                    + "\(SocketPath.maxLength): \(socketPath)")
+        }
+        let directory = parent(of: socketPath)
+        var info = stat()
+        if lstat(directory, &info) != 0 {
+            guard errno == ENOENT else { throw DaemonError("cannot inspect \(directory): \(errorText())") }
+            // Create missing ancestors (mode 0700 for ours), the directory itself with `mode`.
+            let grandparent = parent(of: directory)
+            var parentInfo = stat()
+            if stat(grandparent, &parentInfo) != 0 {
+                throw DaemonError("the socket directory's parent \(grandparent) does not exist")
+            }
+            guard mkdir(directory, mode) == 0 || errno == EEXIST else {
+                throw DaemonError("cannot create the socket directory \(directory): \(errorText())")
+            }
+            // mkdir applies the umask; the mode must be exactly what was asked.
+            _ = chmod(directory, mode)
+            guard lstat(directory, &info) == 0 else {
+                throw DaemonError("cannot inspect \(directory): \(errorText())")
+            }
+        }
+        if info.st_mode & S_IFMT == S_IFLNK {
+            throw DaemonError("the socket directory \(directory) is a symbolic link; refusing to use it")
+        }
+        guard info.st_mode & S_IFMT == S_IFDIR else {
+            throw DaemonError("the socket directory \(directory) is not a directory")
+        }
+        guard info.st_uid == getuid() || info.st_uid == 0 else {
+            throw DaemonError(
+                "the socket directory \(directory) belongs to uid \(info.st_uid), not to this user (\(getuid())); "
+                    + "refusing to use it")
+        }
+    }
+
+    /// What is at the socket path now.
+    enum Occupant {
+        case nothing
+        case staleSocket
+        case liveDaemon
+        case notASocket
+    }
+
+    static func occupant(of socketPath: String) -> Occupant {
+        var info = stat()
+        guard lstat(socketPath, &info) == 0 else { return .nothing }
+        guard info.st_mode & S_IFMT == S_IFSOCK else { return .notASocket }
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return .staleSocket }
+        defer { close(fd) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            let bytes = Array(socketPath.utf8.prefix(SocketPath.maxLength))
+            raw.copyBytes(from: bytes)
+        }
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        return connected == 0 ? .liveDaemon : .staleSocket
+    }
+
+    /// The inode of `path`, to tell later whether the socket file is still ours.
+    static func inode(of path: String) -> ino_t? {
+        var info = stat()
+        return lstat(path, &info) == 0 ? info.st_ino : nil
+    }
+}
+
+/// `flock` on the data directory: one daemon per data directory.
+final class DataDirectoryLock {
+    private let fd: Int32
+
+    init(directory: String) throws(DaemonError) {
+        let path = directory + "/.lock"
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw DaemonError("cannot open \(path): \(DaemonPaths.errorText())") }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let code = errno
+            close(fd)
+            if code == EWOULDBLOCK {
+                throw DaemonError("another storebrokerd is already using the data directory \(directory)")
+            }
+            throw DaemonError("cannot lock \(path): \(DaemonPaths.errorText(code))")
+        }
+    }
+
+    deinit { close(fd) }
+}

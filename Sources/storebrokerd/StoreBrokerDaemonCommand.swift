@@ -1,0 +1,158 @@
+import ArgumentParser
+import BrokerCore
+import BrokerServer
+import Foundation
+import Logging
+import Wire
+
+/// `storebrokerd`: parses flags and the environment into a `ServerConfiguration` and runs the daemon.
+@main
+struct StoreBrokerDaemonCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "storebrokerd",
+        abstract: "The store broker: the only writer of named, ordered stores, shared over a Unix socket.",
+        discussion: """
+            Paths, when not given:
+              socket  $STOREBROKER_SOCKET, else $XDG_RUNTIME_DIR/storebroker/storebroker.sock,
+                      else /tmp/storebroker-UID/storebroker.sock
+              data    $XDG_DATA_HOME/storebroker, else ~/.local/share/storebroker
+              engines --engine-path dirs, $STOREBROKER_ENGINE_PATH (colon-separated), the daemon's own
+                      directory, then <bindir>/../lib/storebroker/engines
+
+            SIGTERM or SIGINT: stop accepting, finish queued writes, say goodbye to clients, close the
+            engines, remove the socket, exit 0.
+
+            Example:
+              storebrokerd --socket /tmp/sb.sock --data-dir /tmp/sb-data --no-dbus --log-level debug
+            """,
+        version: "storebrokerd \(StoreBrokerVersion.string) (protocol \(WireProtocol.supportedVersions.map(String.init).joined(separator: ", ")))"
+    )
+
+    @Option(help: ArgumentHelp("The Unix socket to listen on.", valueName: "path"))
+    var socket: String?
+
+    @Option(name: .customLong("data-dir"), help: ArgumentHelp("Where the stores live.", valueName: "dir"))
+    var dataDirectory: String?
+
+    @Option(help: ArgumentHelp("The engine for new stores; existing stores keep theirs.", valueName: "name"))
+    var engine: String = "sqlite"
+
+    @Option(
+        name: .customLong("engine-path"),
+        help: ArgumentHelp("A directory searched for engines first (repeatable).", valueName: "dir"))
+    var enginePaths: [String] = []
+
+    @Option(
+        name: .customLong("engine-option"),
+        help: ArgumentHelp(
+            "An option for engine NAME, e.g. sqlite.synchronous=FULL (repeatable); unknown keys are an error.",
+            valueName: "name.key=value"))
+    var engineOptions: [String] = []
+
+    @Option(name: .customLong("dbus-address"), help: ArgumentHelp("The D-Bus bus to signal on.", valueName: "addr"))
+    var dbusAddress: String?
+
+    @Flag(name: .customLong("no-dbus"), help: "Do not signal on D-Bus.")
+    var noDBus = false
+
+    @Option(
+        name: .customLong("allow-uid"),
+        help: ArgumentHelp("Admit another user (not supported by this build yet).", valueName: "uid[:glob[:ro]]"))
+    var allowUIDs: [String] = []
+
+    @Option(help: ArgumentHelp("Commits kept per store for subscribers that resume.", valueName: "n"))
+    var history: Int = 1024
+
+    @Option(
+        name: .customLong("subscriber-buffer"),
+        help: ArgumentHelp("Pushes one subscriber may have waiting before it is told it lagged.", valueName: "n"))
+    var subscriberBuffer: Int = 1024
+
+    @Option(name: .customLong("max-frame"), help: ArgumentHelp("The largest frame, in bytes.", valueName: "bytes"))
+    var maxFrame: Int = WireProtocol.defaultMaxFrameLength
+
+    @Option(name: .customLong("max-item"), help: ArgumentHelp("The largest item payload, in bytes.", valueName: "bytes"))
+    var maxItem: Int = 1 << 20
+
+    @Option(
+        name: .customLong("max-batch"), help: ArgumentHelp("The most items, ids or steps in one request.", valueName: "n"))
+    var maxBatch: Int = 10_000
+
+    @Option(
+        name: .customLong("max-in-flight"),
+        help: ArgumentHelp("Unanswered requests per connection before the daemon stops reading it.", valueName: "n"))
+    var maxInFlight: Int = 128
+
+    @Option(
+        name: .customLong("log-level"),
+        help: ArgumentHelp("trace, debug, info, notice, warning, error or critical.", valueName: "level"))
+    var logLevel: String = "info"
+
+    func validate() throws {
+        guard Logger.Level(rawValue: logLevel) != nil else {
+            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
+        }
+        if !allowUIDs.isEmpty { throw ValidationError("--allow-uid is not supported by this build yet") }
+        if dbusAddress != nil, noDBus { throw ValidationError("--dbus-address and --no-dbus exclude each other") }
+        for (name, value) in [("--history", history), ("--subscriber-buffer", subscriberBuffer)] where value < 0 {
+            throw ValidationError("\(name) cannot be negative")
+        }
+        guard subscriberBuffer >= 1 else { throw ValidationError("--subscriber-buffer must be at least 1") }
+        guard maxFrame >= 4096, maxFrame <= Int(UInt32.max) else {
+            throw ValidationError("--max-frame must be between 4096 and \(UInt32.max)")
+        }
+        guard maxItem >= 1, maxItem <= maxFrame - 64 else {
+            throw ValidationError("--max-item must be at least 1 and fit in a frame (--max-frame minus 64)")
+        }
+        guard maxBatch >= 1 else { throw ValidationError("--max-batch must be at least 1") }
+        guard maxInFlight >= 1 else { throw ValidationError("--max-in-flight must be at least 1") }
+        _ = try parsedEngineOptions()
+    }
+
+    func parsedEngineOptions() throws -> [String: [String: String]] {
+        var options: [String: [String: String]] = [:]
+        for option in engineOptions {
+            guard let equals = option.firstIndex(of: "="), let dot = option[..<equals].firstIndex(of: "."),
+                dot != option.startIndex, option.index(after: dot) < equals
+            else {
+                throw ValidationError("--engine-option takes NAME.KEY=VALUE (e.g. sqlite.synchronous=FULL), got \(option)")
+            }
+            let name = String(option[..<dot])
+            let key = String(option[option.index(after: dot)..<equals])
+            options[name, default: [:]][key] = String(option[option.index(after: equals)...])
+        }
+        return options
+    }
+
+    func run() async throws {
+        let level = Logger.Level(rawValue: logLevel) ?? .info
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let logger = Logger(label: "storebrokerd")
+        let environment = ProcessInfo.processInfo.environment
+        let socketPath = absolute(socket ?? SocketPath.default(environment: environment, uid: getuid()))
+        let data = absolute(dataDirectory ?? DaemonPaths.defaultDataDirectory(environment: environment))
+        let configuration = ServerConfiguration(
+            socketPath: socketPath,
+            broker: BrokerConfiguration(
+                dataDirectory: data, defaultEngine: engine, engineOptions: try parsedEngineOptions(), history: history,
+                subscriberBuffer: subscriberBuffer, maxItemLength: maxItem, maxBatch: maxBatch),
+            engineDirectories: enginePaths.map(absolute),
+            environmentEnginePath: environment["STOREBROKER_ENGINE_PATH"],
+            maxFrameLength: maxFrame, maxInFlight: maxInFlight,
+            dbus: noDBus ? .disabled : dbusAddress.map { .address($0) } ?? .sessionBus)
+        do {
+            try await BrokerDaemon.run(configuration: configuration, logger: logger)
+        } catch {
+            FileHandle.standardError.write(Data("storebrokerd: \(error.message)\n".utf8))
+            throw ExitCode(1)
+        }
+    }
+
+    private func absolute(_ path: String) -> String {
+        path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
+    }
+}
