@@ -1,0 +1,251 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import NIOCore
+import NIOPosix
+import Wire
+
+/// One connection to the broker: requests pipelined and answered in order, subscriptions as async streams.
+///
+/// ```swift
+/// let connection = try await BrokerConnection.connect(clientName: "notes-panel")
+/// let answer = try await connection.send(.count(.init(store: "notes")))
+/// ```
+public final class BrokerConnection: Sendable {
+    /// What the broker announced: protocol version and limits.
+    public let welcome: ServerMessage.Welcome
+    private let channel: any Channel
+    private let handler: NIOLoopBound<ClientHandler>
+
+    private init(welcome: ServerMessage.Welcome, channel: any Channel, handler: NIOLoopBound<ClientHandler>) {
+        self.welcome = welcome
+        self.channel = channel
+        self.handler = handler
+    }
+
+    /// The socket path by PRODUCT.md's rule (`STOREBROKER_SOCKET`, `XDG_RUNTIME_DIR`, `/tmp/storebroker-UID`).
+    public static func defaultSocketPath() -> String {
+        var environment: [String: String] = [:]
+        for name in ["STOREBROKER_SOCKET", "XDG_RUNTIME_DIR"] {
+            if let value = getenv(name) { environment[name] = String(cString: value) }
+        }
+        return SocketPath.default(environment: environment, uid: getuid())
+    }
+
+    /// Connects and does the handshake.
+    public static func connect(
+        socketPath: String = defaultSocketPath(), clientName: String
+    ) async throws(StoreBrokerError) -> BrokerConnection {
+        let channel: any Channel
+        do {
+            channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .channelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(ClientHandler(clientName: clientName))
+                    }
+                }
+                .connect(unixDomainSocketPath: socketPath).get()
+        } catch {
+            throw StoreBrokerError(.cannotConnect, "cannot connect to the broker at \(socketPath): \(Self.describe(error))")
+        }
+        do {
+            let (welcome, handler) = try await channel.eventLoop.flatSubmit {
+                () -> EventLoopFuture<(ServerMessage.Welcome, NIOLoopBound<ClientHandler>)> in
+                let handler = try! channel.pipeline.syncOperations.handler(type: ClientHandler.self)
+                let bound = NIOLoopBound(handler, eventLoop: channel.eventLoop)
+                return handler.handshake().map { ($0, bound) }
+            }.get()
+            return BrokerConnection(welcome: welcome, channel: channel, handler: handler)
+        } catch {
+            try? await channel.close()
+            throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)")
+        }
+    }
+
+    private static func describe(_ error: any Error) -> String {
+        if let error = error as? IOError { return String(cString: strerror(error.errnoCode)) }
+        return "\(error)"
+    }
+
+    /// Sends `request` and returns its answer; an `error` answer is thrown as `refused`.
+    public func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
+        do {
+            return try await channel.eventLoop.flatSubmit { [handler] in handler.value.send(request) }.get()
+        } catch {
+            throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)")
+        }
+    }
+
+    /// Subscribes; the pushes arrive on the returned subscription's `pushes`, in order.
+    public func subscribe(
+        _ namespace: Namespace = .store, name: String, from start: SubscriptionStart = .snapshot
+    ) async throws(StoreBrokerError) -> BrokerSubscription {
+        let request = ClientMessage.subscribe(.init(namespace: namespace, name: name, start: start))
+        do {
+            return try await channel.eventLoop.flatSubmit { [handler] in handler.value.subscribe(request) }.get()
+        } catch {
+            throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)")
+        }
+    }
+
+    /// Ends a subscription; its stream finishes.
+    public func unsubscribe(_ subscription: BrokerSubscription) async throws(StoreBrokerError) {
+        _ = try await send(.unsubscribe(.init(subscriptionID: subscription.id)))
+        channel.eventLoop.execute { [handler] in handler.value.finishStream(subscription.id, error: nil) }
+    }
+
+    /// Closes the connection; requests in flight fail with `connectionClosed`.
+    public func close() async {
+        try? await channel.close()
+    }
+}
+
+/// A subscription's pushes (`storeLoaded`, `storeEvent`, `lagged`, `historyGone`, `dropped`), in order. The
+/// stream ends after `lagged` (the subscription is over) and throws when the connection closes.
+public struct BrokerSubscription: Sendable {
+    public let id: UInt32
+    public let pushes: AsyncThrowingStream<ServerMessage, any Error>
+}
+
+/// The connection's protocol state, on its event loop.
+final class ClientHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private var session: ClientSession
+    private var input = ByteBuffer()
+    private var context: ChannelHandlerContext?
+    private var welcomePromise: EventLoopPromise<ServerMessage.Welcome>?
+    private var pending: [UInt32: Pending] = [:]
+    private var streams: [UInt32: AsyncThrowingStream<ServerMessage, any Error>.Continuation] = [:]
+    private var nextID: UInt32 = 1
+    private var failure: StoreBrokerError?
+
+    private enum Pending {
+        case request(EventLoopPromise<ServerMessage>)
+        case subscribe(EventLoopPromise<BrokerSubscription>)
+    }
+
+    init(clientName: String) {
+        session = ClientSession(clientName: clientName)
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    func handshake() -> EventLoopFuture<ServerMessage.Welcome> {
+        let context = context!
+        let promise = context.eventLoop.makePromise(of: ServerMessage.Welcome.self)
+        welcomePromise = promise
+        do {
+            context.writeAndFlush(wrapOutboundOut(try session.hello()), promise: nil)
+        } catch {
+            promise.fail(StoreBrokerError(.protocolViolation, error.message))
+        }
+        return promise.futureResult
+    }
+
+    func send(_ request: ClientMessage) -> EventLoopFuture<ServerMessage> {
+        let promise = context!.eventLoop.makePromise(of: ServerMessage.self)
+        write(request, .request(promise)) { promise.fail($0) }
+        return promise.futureResult
+    }
+
+    func subscribe(_ request: ClientMessage) -> EventLoopFuture<BrokerSubscription> {
+        let promise = context!.eventLoop.makePromise(of: BrokerSubscription.self)
+        write(request, .subscribe(promise)) { promise.fail($0) }
+        return promise.futureResult
+    }
+
+    private func write(_ request: ClientMessage, _ entry: Pending, fail: (StoreBrokerError) -> Void) {
+        if let failure { return fail(failure) }
+        let id = nextID
+        nextID = nextID == UInt32.max ? 1 : nextID + 1
+        var out = ByteBuffer()
+        do {
+            try session.encode(request, id: id, into: &out)
+        } catch {
+            return fail(StoreBrokerError(.protocolViolation, code: error.code, error.message))
+        }
+        pending[id] = entry
+        context!.writeAndFlush(wrapOutboundOut(out), promise: nil)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var bytes = unwrapInboundIn(data)
+        input.writeBuffer(&bytes)
+        while let event = session.next(from: &input) {
+            switch event {
+            case .established(let welcome):
+                welcomePromise?.succeed(welcome)
+                welcomePromise = nil
+            case .failed(let error):
+                fail(StoreBrokerError(welcomePromise == nil ? .protocolViolation : .refused, code: error.code, error.message))
+                context.close(promise: nil)
+                return
+            case .message(let id, let message):
+                receive(id: id, message)
+            }
+        }
+        input.discardReadBytes()
+    }
+
+    private func receive(id: UInt32, _ message: ServerMessage) {
+        if message.type.isPush {
+            if case .goodbye(let goodbye) = message {
+                fail(StoreBrokerError(.connectionClosed, code: goodbye.code, "the broker said goodbye: \(goodbye.message)"))
+                return
+            }
+            streams[id]?.yield(message)
+            if case .lagged = message { finishStream(id, error: nil) }
+            return
+        }
+        guard let entry = pending.removeValue(forKey: id) else { return }
+        switch (entry, message) {
+        case (.request(let promise), .error(let error)):
+            promise.fail(StoreBrokerError(.refused, code: error.code, error.message))
+        case (.subscribe(let promise), .error(let error)):
+            promise.fail(StoreBrokerError(.refused, code: error.code, error.message))
+        case (.request(let promise), _):
+            promise.succeed(message)
+        case (.subscribe(let promise), .subscribed(let subscribed)):
+            let (stream, continuation) = AsyncThrowingStream.makeStream(of: ServerMessage.self)
+            streams[subscribed.subscriptionID] = continuation
+            promise.succeed(BrokerSubscription(id: subscribed.subscriptionID, pushes: stream))
+        case (.subscribe(let promise), _):
+            promise.fail(StoreBrokerError(.protocolViolation, "subscribe was answered with \(message.type.name)"))
+        }
+    }
+
+    func finishStream(_ id: UInt32, error: (any Error)?) {
+        streams.removeValue(forKey: id)?.finish(throwing: error)
+    }
+
+    private func fail(_ error: StoreBrokerError) {
+        if failure == nil { failure = error }
+        welcomePromise?.fail(error)
+        welcomePromise = nil
+        let entries = pending
+        pending = [:]
+        for entry in entries.values {
+            switch entry {
+            case .request(let promise): promise.fail(error)
+            case .subscribe(let promise): promise.fail(error)
+            }
+        }
+        let all = streams
+        streams = [:]
+        for continuation in all.values { continuation.finish(throwing: error) }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        fail(StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        fail(StoreBrokerError(.connectionClosed, "connection error: \(error)"))
+        context.close(promise: nil)
+    }
+}

@@ -1,0 +1,262 @@
+import ArgumentParser
+import Foundation
+import StoreBrokerClient
+import Wire
+
+struct Ping: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Check that the broker answers; prints pong.",
+        discussion: """
+            With --wait, keeps trying to connect for up to SECONDS (for scripts that just started the daemon);
+            exits 69 if the broker never answered.
+
+            Example:
+              storebrokerd & storectl ping --wait 10
+            """)
+
+    @OptionGroup var global: GlobalOptions
+    @Option(help: ArgumentHelp("Keep trying for this long.", valueName: "seconds")) var wait: Double = 0
+
+    func run() async throws {
+        try await reporting {
+            let deadline = ContinuousClock.now + .milliseconds(Int64(max(0, wait) * 1000))
+            while true {
+                do {
+                    let connection = try await BrokerConnection.connect(socketPath: global.socketPath, clientName: "storectl")
+                    _ = try await connection.send(.ping(.init()))
+                    await connection.close()
+                    Output.line("pong")
+                    return
+                } catch let error as StoreBrokerError where error.kind == .cannotConnect || error.kind == .connectionClosed {
+                    if ContinuousClock.now >= deadline { throw error }
+                    try await Task.sleep(for: .milliseconds(50))
+                }
+            }
+        }
+    }
+}
+
+struct Query: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print items, in store order.",
+        discussion: """
+            ndjson (the default when stdout is not a terminal): each payload exactly as stored, one per line.
+            json: one array. table (the default on a terminal): id, updatedAt and the item, cut to fit.
+            --meta wraps each item as {"id","createdAt","updatedAt","item"} (times in ms since the Unix epoch).
+            --id prints those items only, in the order given; exits 66 if any is missing (after printing the rest).
+            --after ID starts after that id (exit 66 if it is no longer in the store); --limit caps the count.
+
+            Examples:
+              storectl query notes
+              storectl query notes --after 41 --limit 10 --meta
+            """)
+
+    @OptionGroup var global: GlobalOptions
+    @Argument(help: "The store.") var store: String
+    @Option(name: .customLong("id"), help: "Only this id (repeatable).") var ids: [String] = []
+    @Option(help: "At most this many items (0: all).") var limit: UInt32 = 0
+    @Option(help: "Start after this id.") var after: String?
+    @Option(help: "ndjson, json or table.") var format: OutputFormat?
+    @Flag(help: "Wrap each item with its id and timestamps.") var meta = false
+
+    func validate() throws {
+        if !ids.isEmpty, after != nil || limit != 0 { throw ValidationError("--id cannot be combined with --after or --limit") }
+    }
+
+    func run() async throws {
+        try await reporting {
+            let connection = try await global.connect()
+            var records: [ItemRecord] = []
+            var missing: [ItemID] = []
+            if ids.isEmpty {
+                let answer = try await connection.send(
+                    .queryRange(.init(store: store, after: after.map { ItemID($0) }, limit: limit)))
+                guard case .rangeResult(let range) = answer else { throw unexpected(answer) }
+                records = range.elements
+            } else {
+                let answer = try await connection.send(.getItems(.init(store: store, ids: ids.map { ItemID($0) })))
+                guard case .itemsResult(let items) = answer else { throw unexpected(answer) }
+                for slot in items.elements {
+                    switch slot {
+                    case .present(let record): records.append(record)
+                    case .missing(let id): missing.append(id)
+                    }
+                }
+            }
+            await connection.close()
+            print(records)
+            if !missing.isEmpty {
+                throw Failure(
+                    Failure.notFound, "not in store \(store): " + missing.map { JSON.string($0.string) }.joined(separator: ", "))
+            }
+        }
+    }
+
+    private func print(_ records: [ItemRecord]) {
+        func rendered(_ record: ItemRecord) -> String {
+            let item = JSON.embed(record.payload.bytes)
+            guard meta else { return item }
+            return "{\"id\":\(JSON.string(record.id.string)),\"createdAt\":\(record.createdAt),"
+                + "\"updatedAt\":\(record.updatedAt),\"item\":\(item)}"
+        }
+        switch format ?? .automatic {
+        case .ndjson:
+            for record in records {
+                if meta {
+                    Output.line(rendered(record))
+                } else {
+                    // Exactly as stored.
+                    Output.bytes(Array(record.payload.bytes.readableBytesView) + [0x0A])
+                }
+            }
+        case .json:
+            Output.line(JSON.array(records.map(rendered)))
+        case .table:
+            Table.print(
+                headers: ["ID", "UPDATED", "ITEM"],
+                rows: records.map { record in
+                    [record.id.string, Table.time(record.updatedAt), String(decoding: record.payload.bytes.readableBytesView, as: UTF8.self)]
+                })
+        }
+    }
+}
+
+struct Count: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print the number of items (0 for a store that does not exist).",
+        discussion: "Example:\n  storectl count notes")
+
+    @OptionGroup var global: GlobalOptions
+    @Argument(help: "The store.") var store: String
+
+    func run() async throws {
+        try await reporting {
+            let connection = try await global.connect()
+            let answer = try await connection.send(.count(.init(store: store)))
+            guard case .countResult(let result) = answer else { throw unexpected(answer) }
+            Output.line(String(result.count))
+        }
+    }
+}
+
+struct Stores: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List the stores that exist, in name order.",
+        discussion: """
+            ndjson: {"name","engine","epoch","sequence","count"} per store; json: an array of those; table: columns.
+
+            Example:
+              storectl stores --format json
+            """)
+
+    @OptionGroup var global: GlobalOptions
+    @Option(help: "ndjson, json or table.") var format: OutputFormat?
+
+    func run() async throws {
+        try await reporting {
+            let connection = try await global.connect()
+            let answer = try await connection.send(.listStores(.init()))
+            guard case .storeList(let list) = answer else { throw unexpected(answer) }
+            let objects = list.elements.map { info in
+                "{\"name\":\(JSON.string(info.name)),\"engine\":\(JSON.string(info.engine)),\"epoch\":\(info.epoch),"
+                    + "\"sequence\":\(info.sequence),\"count\":\(info.count)}"
+            }
+            switch format ?? .automatic {
+            case .ndjson: objects.forEach(Output.line)
+            case .json: Output.line(JSON.array(objects))
+            case .table:
+                Table.print(
+                    headers: ["NAME", "COUNT", "SEQUENCE", "ENGINE"],
+                    rows: list.elements.map { [$0.name, String($0.count), String($0.sequence), $0.engine] })
+            }
+        }
+    }
+}
+
+struct Engines: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List every engine file on the daemon's search path, loaded or not.",
+        discussion: """
+            ndjson: {"name","status","abi","capabilities","detail","path"} per file, status "available", "loaded"
+            or "unusable" (detail says why); detail is the engine's version otherwise.
+
+            Example:
+              storectl engines
+            """)
+
+    @OptionGroup var global: GlobalOptions
+    @Option(help: "ndjson, json or table.") var format: OutputFormat?
+
+    func run() async throws {
+        try await reporting {
+            let connection = try await global.connect()
+            let answer = try await connection.send(.listEngines(.init()))
+            guard case .engineList(let list) = answer else { throw unexpected(answer) }
+            func status(_ info: EngineInfo) -> String {
+                switch info.status {
+                case .available: "available"
+                case .loaded: "loaded"
+                case .unusable: "unusable"
+                }
+            }
+            func capabilities(_ info: EngineInfo) -> [String] {
+                (info.capabilities.contains(.persistent) ? ["persistent"] : [])
+                    + (info.capabilities.contains(.atomic) ? ["atomic"] : [])
+            }
+            let objects = list.elements.map { info in
+                "{\"name\":\(JSON.string(info.name)),\"status\":\"\(status(info))\",\"abi\":\"\(info.abiMajor).\(info.abiMinor)\","
+                    + "\"capabilities\":\(JSON.array(capabilities(info).map(JSON.string))),"
+                    + "\"detail\":\(JSON.string(info.detail)),\"path\":\(JSON.string(info.path))}"
+            }
+            switch format ?? .automatic {
+            case .ndjson: objects.forEach(Output.line)
+            case .json: Output.line(JSON.array(objects))
+            case .table:
+                Table.print(
+                    headers: ["NAME", "STATUS", "ABI", "CAPABILITIES", "DETAIL", "PATH"],
+                    rows: list.elements.map {
+                        [$0.name, status($0), "\($0.abiMajor).\($0.abiMinor)", capabilities($0).joined(separator: ","), $0.detail, $0.path]
+                    })
+            }
+        }
+    }
+}
+
+func unexpected(_ answer: ServerMessage) -> Failure {
+    Failure(Failure.protocolError, "unexpected answer from the broker: \(answer.type.name)")
+}
+
+/// Aligned columns for a terminal; the last column is cut to the terminal's width.
+enum Table {
+    static func print(headers: [String], rows: [[String]]) {
+        let clean = rows.map { $0.map { $0.replacingOccurrences(of: "\n", with: " ") } }
+        var widths = headers.map(\.count)
+        for row in clean {
+            for (index, cell) in row.enumerated().dropLast() { widths[index] = max(widths[index], cell.count) }
+        }
+        var size = winsize()
+        let columns = ioctl(STDOUT_FILENO, UInt(TIOCGWINSZ), &size) == 0 && size.ws_col > 0 ? Int(size.ws_col) : 120
+        func line(_ cells: [String]) -> String {
+            var out = ""
+            for (index, cell) in cells.enumerated() {
+                if index == cells.count - 1 {
+                    let room = max(10, columns - out.count)
+                    out += cell.count > room ? String(cell.prefix(room - 1)) + "…" : cell
+                } else {
+                    out += cell.padding(toLength: widths[index] + 2, withPad: " ", startingAt: 0)
+                }
+            }
+            return out
+        }
+        Output.line(line(headers))
+        for row in clean { Output.line(line(row)) }
+    }
+
+    /// Milliseconds since the Unix epoch as local ISO 8601 time.
+    static func time(_ milliseconds: UInt64) -> String {
+        let date = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime]
+        return formatter.string(from: date)
+    }
+}

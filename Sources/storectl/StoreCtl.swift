@@ -1,0 +1,183 @@
+import ArgumentParser
+import Foundation
+import StoreBrokerClient
+import Wire
+
+/// `storectl`: the broker from the command line. Each command parses, talks through `BrokerConnection`, and
+/// prints; docs/CLI.md documents every output and exit code.
+@main
+struct StoreCtl: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "storectl",
+        abstract: "Read, write and watch the stores of a running storebrokerd.",
+        discussion: """
+            The socket is --socket, else $STOREBROKER_SOCKET, else $XDG_RUNTIME_DIR/storebroker/storebroker.sock,
+            else /tmp/storebroker-UID/storebroker.sock.
+
+            Exit codes: 0 ok, 64 usage, 65 bad input, 66 not found, 69 cannot reach the broker, 70 internal,
+            74 engine or storage error, 75 conflict, 76 protocol error, 77 permission denied.
+
+            Examples:
+              storectl insert notes '{"id":"1","text":"milk"}'
+              storectl query notes --meta
+              storectl watch notes
+            """,
+        version: "storectl \(StoreBrokerVersion.string)",
+        subcommands: [
+            Ping.self, Insert.self, Remove.self, Clear.self, Drop.self, Apply.self, Query.self, Count.self,
+            Stores.self, Engines.self, Watch.self,
+        ]
+    )
+
+    /// `storectl --socket PATH COMMAND ...`: global options may come before the command; they are moved after
+    /// it, where the command's own `GlobalOptions` reads them.
+    static func main() async {
+        var arguments = Array(CommandLine.arguments.dropFirst())
+        var hoisted: [String] = []
+        while let first = arguments.first, first.hasPrefix("--socket") {
+            hoisted.append(arguments.removeFirst())
+            if first == "--socket", !arguments.isEmpty { hoisted.append(arguments.removeFirst()) }
+        }
+        if !hoisted.isEmpty, !arguments.isEmpty {
+            arguments.insert(contentsOf: hoisted, at: 1)
+        } else {
+            arguments = hoisted + arguments
+        }
+        await Self.main(arguments)
+    }
+}
+
+/// Options every command takes.
+struct GlobalOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("The broker's socket.", valueName: "path"))
+    var socket: String?
+
+    var socketPath: String { socket ?? BrokerConnection.defaultSocketPath() }
+
+    func connect() async throws -> BrokerConnection {
+        do {
+            return try await BrokerConnection.connect(socketPath: socketPath, clientName: "storectl")
+        } catch {
+            throw Failure(error)
+        }
+    }
+}
+
+/// Output formats for listings.
+enum OutputFormat: String, ExpressibleByArgument, CaseIterable {
+    case ndjson, json, table
+
+    /// `table` on a terminal, `ndjson` otherwise.
+    static var automatic: OutputFormat { isatty(STDOUT_FILENO) == 1 ? .table : .ndjson }
+}
+
+/// A failure with its exit code (docs/CLI.md).
+struct Failure: Error, CustomStringConvertible {
+    var code: Int32
+    var message: String
+
+    static let usage: Int32 = 64
+    static let badInput: Int32 = 65
+    static let notFound: Int32 = 66
+    static let unavailable: Int32 = 69
+    static let software: Int32 = 70
+    static let ioError: Int32 = 74
+    static let conflict: Int32 = 75
+    static let protocolError: Int32 = 76
+    static let permission: Int32 = 77
+
+    init(_ code: Int32, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    init(_ error: StoreBrokerError) {
+        message = error.description
+        switch error.kind {
+        case .cannotConnect, .connectionClosed: code = Self.unavailable
+        case .protocolViolation: code = Self.protocolError
+        case .refused:
+            switch error.code ?? .internalError {
+            case .invalidName, .invalidID, .itemTooLarge, .batchTooLarge, .invalidRequest: code = Self.badInput
+            case .conflict: code = Self.conflict
+            case .cursorGone, .notFound: code = Self.notFound
+            case .permissionDenied: code = Self.permission
+            case .engineError, .engineUnavailable, .storageFull: code = Self.ioError
+            case .shuttingDown: code = Self.unavailable
+            case .notSupported, .internalError: code = Self.software
+            default: code = Self.protocolError
+            }
+        }
+    }
+
+    var description: String { message }
+}
+
+extension ParsableCommand {
+    /// Runs `body`, turning failures into their message on stderr and their exit code.
+    func reporting(_ body: () async throws -> Void) async throws {
+        do {
+            try await body()
+        } catch let failure as Failure {
+            Output.error(failure.message)
+            throw ExitCode(failure.code)
+        } catch let error as StoreBrokerError {
+            let failure = Failure(error)
+            Output.error(failure.message)
+            throw ExitCode(failure.code)
+        }
+    }
+}
+
+/// Unbuffered output: every line reaches the reader at once (`watch` is read line by line).
+enum Output {
+    static func line(_ text: String) {
+        write(Array(text.utf8) + [0x0A], to: STDOUT_FILENO)
+    }
+
+    static func bytes(_ bytes: [UInt8]) {
+        write(bytes, to: STDOUT_FILENO)
+    }
+
+    static func error(_ text: String) {
+        write(Array("storectl: \(text)\n".utf8), to: STDERR_FILENO)
+    }
+
+    private static func write(_ bytes: [UInt8], to fd: Int32) {
+        var rest = bytes[...]
+        while !rest.isEmpty {
+            let written = rest.withUnsafeBytes { Foundation.write(fd, $0.baseAddress, $0.count) }
+            if written < 0 {
+                if errno == EINTR { continue }
+                // The reader went away (EPIPE): nothing more to say.
+                Foundation.exit(errno == EPIPE ? 0 : Failure.ioError)
+            }
+            rest = rest.dropFirst(written)
+        }
+    }
+}
+
+/// Sends a write and prints the new sequence (nothing when the write changed nothing).
+func printWriteResult(_ answer: ServerMessage) throws {
+    guard case .writeResult(let result) = answer else {
+        throw Failure(Failure.protocolError, "the broker answered a write with \(answer.type.name)")
+    }
+    if result.committed { Output.line(String(result.sequence)) }
+}
+
+/// `--expect SEQ`: the condition of a write.
+struct ConditionOptions: ParsableArguments {
+    @Option(
+        help: ArgumentHelp(
+            "Write only if the store is at this sequence (0: only if it does not exist); else exit 75.",
+            valueName: "sequence"))
+    var expect: UInt64?
+
+    var condition: Condition {
+        switch expect {
+        case nil: .unconditional
+        case 0?: .absent
+        case let sequence?: .sequence(sequence)
+        }
+    }
+}

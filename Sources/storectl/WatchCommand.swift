@@ -1,0 +1,96 @@
+import ArgumentParser
+import Foundation
+import StoreBrokerClient
+import Wire
+
+struct Watch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Follow a store's events as NDJSON, one line per step, flushed line by line.",
+        discussion: """
+            First {"op":"loaded","store","epoch","sequence","count"} (with --from: {"op":"resumed",...} instead,
+            then the events after that sequence), then per commit one line per step, each with the commit's
+            sequence: {"op":"insert","store","sequence","ids":[...],"items":[...]} or
+            {"op":"remove","store","sequence","ids":[...]}. Also {"op":"lagged",...} (this watcher fell behind;
+            it resumes from the last sequence it printed), {"op":"history-gone",...} (a fresh "loaded" follows)
+            and {"op":"dropped",...} (the store was dropped; events of a new store follow from sequence 1).
+            Runs until interrupted, or exits 69 when the broker goes away.
+
+            Examples:
+              storectl watch notes
+              storectl watch notes --from 42
+            """)
+
+    @OptionGroup var global: GlobalOptions
+    @Argument(help: "The store.") var store: String
+    @Option(help: ArgumentHelp("Resume after this sequence instead of starting with a snapshot.", valueName: "sequence"))
+    var from: UInt64?
+    @Option(help: ArgumentHelp("The epoch --from belongs to (default: the store's current one).", valueName: "epoch"))
+    var epoch: UInt64?
+
+    func run() async throws {
+        try await reporting {
+            let connection = try await global.connect()
+            var start = SubscriptionStart.snapshot
+            if let from {
+                var resumeEpoch = epoch
+                if resumeEpoch == nil {
+                    let answer = try await connection.send(.getStoreInfo(.init(store: store)))
+                    guard case .storeInfoResult(let info) = answer else { throw unexpected(answer) }
+                    resumeEpoch = info.info.epoch
+                }
+                start = .resume(epoch: resumeEpoch!, sequence: from)
+                Output.line(
+                    "{\"op\":\"resumed\",\"store\":\(JSON.string(store)),\"epoch\":\(resumeEpoch!),\"sequence\":\(from)}")
+            }
+            let name = JSON.string(store)
+            while true {
+                let subscription = try await connection.subscribe(name: store, from: start)
+                var lagged: (UInt64, UInt64)?
+                do {
+                    for try await push in subscription.pushes {
+                        switch push {
+                        case .storeLoaded(let loaded):
+                            Output.line(
+                                "{\"op\":\"loaded\",\"store\":\(name),\"epoch\":\(loaded.epoch),"
+                                    + "\"sequence\":\(loaded.sequence),\"count\":\(loaded.count)}")
+                        case .storeEvent(let event):
+                            for step in event.elements {
+                                switch step {
+                                case .insert(let records):
+                                    Output.line(
+                                        "{\"op\":\"insert\",\"store\":\(name),\"sequence\":\(event.sequence),"
+                                            + "\"ids\":\(JSON.array(records.map { JSON.string($0.id.string) })),"
+                                            + "\"items\":\(JSON.array(records.map { JSON.embed($0.payload.bytes) }))}")
+                                case .remove(let ids):
+                                    Output.line(
+                                        "{\"op\":\"remove\",\"store\":\(name),\"sequence\":\(event.sequence),"
+                                            + "\"ids\":\(JSON.array(ids.map { JSON.string($0.string) }))}")
+                                }
+                            }
+                        case .lagged(let notice):
+                            Output.line(
+                                "{\"op\":\"lagged\",\"store\":\(name),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
+                            lagged = (notice.epoch, notice.sequence)
+                        case .historyGone(let notice):
+                            Output.line(
+                                "{\"op\":\"history-gone\",\"store\":\(name),\"epoch\":\(notice.epoch),"
+                                    + "\"sequence\":\(notice.sequence)}")
+                        case .dropped(let notice):
+                            Output.line(
+                                "{\"op\":\"dropped\",\"store\":\(name),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
+                        default:
+                            break
+                        }
+                    }
+                } catch let error as StoreBrokerError {
+                    throw error
+                }
+                // The stream ends only after `lagged`: resume from the last sequence printed.
+                guard let (epoch, sequence) = lagged else {
+                    throw Failure(Failure.unavailable, "the subscription ended")
+                }
+                start = .resume(epoch: epoch, sequence: sequence)
+            }
+        }
+    }
+}
