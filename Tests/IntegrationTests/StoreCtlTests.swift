@@ -1,0 +1,182 @@
+import Foundation
+import Testing
+
+/// Every integration suite runs one at a time: each starts real daemons, and the machine has 2 cores.
+@Suite(.serialized) enum Integration {}
+
+extension Integration {
+    /// Every storectl command through the real daemon, with its exact output and exit code (docs/CLI.md).
+    @Suite struct StoreCtlCommands {
+        @Test func writesPrintTheNewSequenceAndQueriesPrintPayloadsExactly() async throws {
+            try await Daemon.with { daemon in
+                var result = try await daemon.storectl(["insert", "notes", #"{"id":"1","text":"milk"}"#, #"{"id":"2", "text": "eggs"}"#])
+                #expect(result.status == 0)
+                #expect(result.stdout == "1\n")
+                // Replace in place, numeric id, a new id from stdin (NDJSON).
+                result = try await daemon.storectl(["insert", "notes"], stdin: "{\"id\":\"1\",\"text\":\"oat milk\"}\n\n{\"id\":3}\n")
+                #expect(result.stdout == "2\n")
+                result = try await daemon.storectl(["query", "notes"])
+                #expect(result.stdout == "{\"id\":\"1\",\"text\":\"oat milk\"}\n{\"id\":\"2\", \"text\": \"eggs\"}\n{\"id\":3}\n")
+                result = try await daemon.storectl(["query", "notes", "--format", "json"])
+                #expect(result.stdout == "[{\"id\":\"1\",\"text\":\"oat milk\"},{\"id\":\"2\", \"text\": \"eggs\"},{\"id\":3}]\n")
+                result = try await daemon.storectl(["count", "notes"])
+                #expect(result.stdout == "3\n")
+
+                // Nothing changed: nothing printed, exit 0.
+                result = try await daemon.storectl(["remove", "notes", "absent"])
+                #expect(result.status == 0)
+                #expect(result.stdout == "")
+                result = try await daemon.storectl(["insert", "notes"], stdin: "")
+                #expect(result.status == 0)
+                #expect(result.stdout == "")
+
+                result = try await daemon.storectl(["remove", "notes", "2", "absent"])
+                #expect(result.stdout == "3\n")
+                result = try await daemon.storectl(["query", "notes", "--after", "1", "--limit", "5"])
+                #expect(result.stdout == "{\"id\":3}\n")
+                result = try await daemon.storectl(["query", "notes", "--id", "3", "--id", "1"])
+                #expect(result.stdout == "{\"id\":3}\n{\"id\":\"1\",\"text\":\"oat milk\"}\n")
+                result = try await daemon.storectl(["query", "notes", "--id", "3", "--id", "2"])
+                #expect(result.status == 66)
+                #expect(result.stdout == "{\"id\":3}\n")
+                #expect(result.stderr.contains("\"2\""))
+                result = try await daemon.storectl(["query", "notes", "--after", "2"])
+                #expect(result.status == 66)
+                #expect(result.stderr.contains("cursor"))
+
+                result = try await daemon.storectl(["clear", "notes"])
+                #expect(result.stdout == "4\n")
+                result = try await daemon.storectl(["count", "notes"])
+                #expect(result.stdout == "0\n")
+                result = try await daemon.storectl(["clear", "notes"])
+                #expect(result.stdout == "")
+                result = try await daemon.storectl(["stores"])
+                #expect(result.lines.count == 1)
+                #expect(result.stdout.contains("\"name\":\"notes\",\"engine\":\"sqlite\""))
+                #expect(result.stdout.contains("\"sequence\":4,\"count\":0}"))
+
+                result = try await daemon.storectl(["drop", "notes"])
+                #expect(result.stdout == "0\n")
+                result = try await daemon.storectl(["drop", "notes"])
+                #expect(result.stdout == "")
+                result = try await daemon.storectl(["stores"])
+                #expect(result.stdout == "")
+                // Reading a store that does not exist: empty, and it is not created.
+                result = try await daemon.storectl(["query", "nothing"])
+                #expect(result.status == 0 && result.stdout == "")
+                result = try await daemon.storectl(["count", "nothing"])
+                #expect(result.stdout == "0\n")
+                result = try await daemon.storectl(["stores"])
+                #expect(result.stdout == "")
+            }
+        }
+
+        @Test func metaCarriesIdsAndTimestamps() async throws {
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "s", #"{"id":"a","v":1}"#])
+                let before = try await daemon.storectl(["query", "s", "--meta"])
+                _ = try await daemon.storectl(["insert", "s", #"{"id":"a","v":2}"#, #"{"id":"b"}"#])
+                let after = try await daemon.storectl(["query", "s", "--meta"])
+                let first = try JSONSerialization.jsonObject(with: Data(before.lines[0].utf8)) as! [String: Any]
+                let objects = after.lines.map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
+                #expect(objects.map { $0["id"] as? String } == ["a", "b"])
+                #expect(objects[0]["createdAt"] as? Int == first["createdAt"] as? Int)
+                #expect((objects[0]["updatedAt"] as! Int) >= (first["updatedAt"] as! Int))
+                #expect((objects[0]["item"] as? [String: Any])?["v"] as? Int == 2)
+                let now = Int(Date().timeIntervalSince1970 * 1000)
+                #expect(abs((objects[1]["createdAt"] as! Int) - now) < 60_000)
+            }
+        }
+
+        @Test func applyIsOneAtomicChain() async throws {
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "s", #"{"id":"x"}"#, #"{"id":"y"}"#])
+                let operations = """
+                    {"op":"removeAll"}
+                    {"op":"insert","item":{"id":"a", "n": 1}}
+                    {"op":"insert","item":{"id":"b"}}
+                    {"op":"remove","id":"a"}
+                    {"op":"insert","item":{"id":"a","n":2}}
+
+                    """
+                let watcher = try await daemon.watch("s")
+                let result = try await daemon.storectl(["apply", "s"], stdin: operations)
+                #expect(result.status == 0)
+                #expect(result.stdout == "2\n")
+                #expect(try await daemon.storectl(["query", "s"]).stdout == "{\"id\":\"b\"}\n{\"id\":\"a\",\"n\":2}\n")
+                #expect(await watcher.waitFor(sequence: 2))
+                await watcher.stop()
+                #expect(
+                    Array(watcher.lines.dropFirst()) == [
+                        #"{"op":"remove","store":"s","sequence":2,"ids":["x","y"]}"#,
+                        #"{"op":"insert","store":"s","sequence":2,"ids":["a","b"],"items":[{"id":"a", "n": 1},{"id":"b"}]}"#,
+                        #"{"op":"remove","store":"s","sequence":2,"ids":["a"]}"#,
+                        #"{"op":"insert","store":"s","sequence":2,"ids":["a"],"items":[{"id":"a","n":2}]}"#,
+                    ])
+            }
+        }
+
+        @Test func badInputGetsExitCode65AndChangesNothing() async throws {
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "s", #"{"id":"keep"}"#])
+                let cases: [([String], String?)] = [
+                    (["insert", "s", #"{"id":true}"#], nil),
+                    (["insert", "s", #"{"name":"no id"}"#], nil),
+                    (["insert", "s", "not json"], nil),
+                    (["insert", "s"], "{\"id\":\"ok\"}\n{\"id\":[1]}\n"),
+                    (["insert", "bad/name", #"{"id":"1"}"#], nil),
+                    (["insert", "..", #"{"id":"1"}"#], nil),
+                    (["insert", String(repeating: "n", count: 129), #"{"id":"1"}"#], nil),
+                    (["insert", "s", #"{"id":""}"#], nil),
+                    (["insert", "s", "{\"id\":\"a\\u0000b\"}"], nil),
+                    (["insert", "s", "{\"id\":\"\(String(repeating: "i", count: 1025))\"}"], nil),
+                    (["apply", "s"], "{\"op\":\"insert\",\"item\":{\"id\":\"fine\"}}\n{\"op\":\"remove\",\"id\":\"\"}\n"),
+                    (["apply", "s"], "{\"op\":\"explode\"}\n"),
+                ]
+                for (arguments, stdin) in cases {
+                    let result = try await daemon.storectl(arguments, stdin: stdin)
+                    #expect(result.status == 65, "\(arguments): \(result.stderr)")
+                    #expect(result.stderr.hasPrefix("storectl: "), "\(arguments)")
+                }
+                #expect(try await daemon.storectl(["query", "s"]).stdout == "{\"id\":\"keep\"}\n")
+                #expect(try await daemon.storectl(["stores", "--format", "json"]).stdout.contains("\"sequence\":1,"))
+            }
+        }
+
+        @Test func conditionalWritesConflictWithExitCode75() async throws {
+            try await Daemon.with { daemon in
+                #expect(try await daemon.storectl(["insert", "s", "--expect", "0", #"{"id":"a"}"#]).stdout == "1\n")
+                var result = try await daemon.storectl(["insert", "s", "--expect", "0", #"{"id":"b"}"#])
+                #expect(result.status == 75)
+                #expect(result.stderr.contains("conflict"))
+                result = try await daemon.storectl(["apply", "s", "--expect", "7"], stdin: "{\"op\":\"removeAll\"}\n")
+                #expect(result.status == 75)
+                #expect(try await daemon.storectl(["insert", "s", "--expect", "1", #"{"id":"b"}"#]).stdout == "2\n")
+                #expect(try await daemon.storectl(["query", "s"]).stdout == "{\"id\":\"a\"}\n{\"id\":\"b\"}\n")
+            }
+        }
+
+        @Test func enginesListsEveryEngineFileAndPingAnswers() async throws {
+            try await Daemon.with { daemon in
+                #expect(try await daemon.storectl(["ping"]).stdout == "pong\n")
+                let engines = try await daemon.storectl(["engines", "--format", "ndjson"])
+                #expect(engines.status == 0)
+                let objects = engines.lines.map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
+                let byName = Dictionary(objects.map { ($0["name"] as! String, $0) }, uniquingKeysWith: { a, _ in a })
+                #expect(byName["sqlite"]?["status"] as? String == "loaded")
+                #expect(byName["memory"]?["status"] as? String == "available")
+                #expect(byName["disk"]?["capabilities"] as? [String] == ["persistent", "atomic"])
+            }
+        }
+
+        @Test func cannotConnectIsExitCode69() async throws {
+            try await withTemporaryDirectory { directory in
+                let result = try await runStorectl(["--socket", directory + "/none.sock", "count", "s"], in: directory)
+                #expect(result.status == 69)
+                #expect(result.stderr.contains("cannot connect"))
+                let usage = try await runStorectl(["count"], in: directory)
+                #expect(usage.status == 64)
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+import Foundation
+
+/// What a finished process left.
+struct ProcessResult: Sendable {
+    var status: Int32
+    var stdout: String
+    var stderr: String
+
+    var lines: [String] { stdout.split(separator: "\n").map(String.init) }
+}
+
+/// The directory of the test bundle: `swift build` puts storebrokerd, storectl and the engines there.
+let binDirectory: String = {
+    let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    return URL(fileURLWithPath: exe).deletingLastPathComponent().path
+}()
+
+/// A child process started with posix_spawn: a clean signal mask and default signal handlers (a parent in a
+/// test may block SIGTERM, see PITFALLS.md), stdin from a file, stdout and stderr to files.
+final class ChildProcess: @unchecked Sendable {
+    let pid: pid_t
+    let stdoutPath: String
+    let stderrPath: String
+    private var reaped: Int32?
+
+    init(_ arguments: [String], stdin: String? = nil, stdoutPath: String, stderrPath: String, in directory: String) throws {
+        self.stdoutPath = stdoutPath
+        self.stderrPath = stderrPath
+        let stdinPath = directory + "/stdin-\(UUID().uuidString)"
+        try (stdin ?? "").write(toFile: stdinPath, atomically: false, encoding: .utf8)
+        defer { unlink(stdinPath) }
+
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, stdinPath, O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, stdoutPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_addopen(&actions, 2, stderrPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var empty = sigset_t()
+        sigemptyset(&empty)
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for signal in [SIGTERM, SIGINT, SIGPIPE, SIGHUP] { sigaddset(&defaults, signal) }
+        posix_spawnattr_setsigmask(&attributes, &empty)
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+
+        let argv = arguments.map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var pid: pid_t = 0
+        let status = posix_spawn(&pid, arguments[0], &actions, &attributes, argv, environ)
+        guard status == 0 else { throw POSIXError(POSIXErrorCode(rawValue: status) ?? .EIO) }
+        self.pid = pid
+    }
+
+    func signal(_ number: Int32) {
+        if reaped == nil { kill(pid, number) }
+    }
+
+    /// Waits for the process to end (on a thread of its own, never blocking the test's executor).
+    @discardableResult
+    func wait() async -> Int32 {
+        if let reaped { return reaped }
+        let pid = self.pid
+        let status: Int32 = await withCheckedContinuation { continuation in
+            Thread {
+                var status: Int32 = 0
+                while waitpid(pid, &status, 0) < 0, errno == EINTR {}
+                let code = (status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F)
+                continuation.resume(returning: code)
+            }.start()
+        }
+        reaped = status
+        return status
+    }
+
+    /// Waits at most `seconds`, then SIGKILL: no test hangs on a stuck child.
+    @discardableResult
+    func wait(atMost seconds: Double) async -> Int32 {
+        let pid = self.pid
+        let done = Flag()
+        Thread {
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline {
+                if done.isSet { return }
+                Thread.sleep(forTimeInterval: 0.05)
+            }
+            if !done.isSet { kill(pid, SIGKILL) }
+        }.start()
+        let status = await wait()
+        done.set()
+        return status
+    }
+
+    var stdout: String { (try? String(contentsOfFile: stdoutPath, encoding: .utf8)) ?? "" }
+    var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
+}
+
+/// A flag shared between threads.
+final class Flag: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value = false
+
+    var isSet: Bool { lock.withLock { value } }
+    func set() { lock.withLock { value = true } }
+}
+
+/// A directory under /tmp with a short name (socket paths must stay under 108 bytes), removed afterwards.
+func withTemporaryDirectory<T>(_ body: (String) async throws -> T) async throws -> T {
+    var template = Array("/tmp/sbi-XXXXXX".utf8CString)
+    guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
+    let path = String(cString: made)
+    defer { try? FileManager.default.removeItem(atPath: path) }
+    return try await body(path)
+}
+
+/// Polls `condition` every 20 ms, at most `seconds`: for waiting on something another process writes
+/// (a line in a file), never for timing.
+func eventually(within seconds: Double = 30, _ condition: () throws -> Bool) async rethrows -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if try condition() { return true }
+        try? await Task.sleep(for: .milliseconds(20))
+    }
+    return try condition()
+}
