@@ -43,6 +43,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     private var readHeld = false
     private var closing = false
+    /// Set while `processInput` runs: answers given synchronously (reads from memory) must not re-enter it.
+    private var processing = false
 
     private struct Slot {
         var id: UInt32
@@ -128,34 +130,43 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     /// Turns buffered bytes into requests while the in-flight cap and the socket allow.
     private func processInput() {
-        guard let context else { return }
-        while !closing, slots.count < limits.maxInFlight, context.channel.isWritable,
-            let action = session.next(from: &input)
-        {
-            switch action {
-            case .reply(let welcome):
-                if case .established(let version, let name) = session.state {
-                    logger[metadataKey: "client"] = "\(name)"
-                    logger.debug("handshake done", metadata: ["protocol": "\(version)"])
+        guard let context, !processing else { return }
+        processing = true
+        defer { processing = false }
+        var progress = true
+        while progress {
+            progress = false
+            while !closing, slots.count < limits.maxInFlight, context.channel.isWritable,
+                let action = session.next(from: &input)
+            {
+                progress = true
+                switch action {
+                case .reply(let welcome):
+                    if case .established(let version, let name) = session.state {
+                        logger[metadataKey: "client"] = "\(name)"
+                        logger.debug("handshake done", metadata: ["protocol": "\(version)"])
+                    }
+                    context.write(wrapOutboundOut(welcome), promise: nil)
+                case .refuse(let error):
+                    let id = error.getInteger(at: error.readerIndex + 8, as: UInt32.self) ?? 0
+                    slots.append(Slot(id: id, answer: error))
+                case .close(let error):
+                    logger.info("closing the connection after a protocol error")
+                    flushAnswers()
+                    closing = true
+                    let channel = context.channel
+                    context.writeAndFlush(wrapOutboundOut(error)).whenComplete { _ in channel.close(promise: nil) }
+                    return
+                case .request(let id, let request):
+                    accept(id: id, request)
                 }
-                context.write(wrapOutboundOut(welcome), promise: nil)
-            case .refuse(let error):
-                let id = error.getInteger(at: error.readerIndex + 8, as: UInt32.self) ?? 0
-                slots.append(Slot(id: id, answer: error))
-            case .close(let error):
-                logger.info("closing the connection after a protocol error")
-                flushAnswers()
-                closing = true
-                let channel = context.channel
-                context.writeAndFlush(wrapOutboundOut(error)).whenComplete { _ in channel.close(promise: nil) }
-                return
-            case .request(let id, let request):
-                accept(id: id, request)
             }
+            // Answers given at once free their slots here, which may let more buffered requests in.
+            flushAnswers()
         }
         input.discardReadBytes()
-        flushAnswers()
         context.flush()
+        resumeReading()
     }
 
     private func accept(id: UInt32, _ request: ClientMessage) {
@@ -245,6 +256,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
         slots[index].answer = out
         if write { startHeld() }
+        // Inside processInput (an answer given at once) the loop goes on and flushes at its end.
+        guard !processing else { return }
         flushAnswers()
         context?.flush()
         processInput()

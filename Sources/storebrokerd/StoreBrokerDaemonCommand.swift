@@ -71,8 +71,12 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
     @Option(name: .customLong("max-frame"), help: ArgumentHelp("The largest frame, in bytes.", valueName: "bytes"))
     var maxFrame: Int = WireProtocol.defaultMaxFrameLength
 
-    @Option(name: .customLong("max-item"), help: ArgumentHelp("The largest item payload, in bytes.", valueName: "bytes"))
-    var maxItem: Int = 1 << 20
+    @Option(
+        name: .customLong("max-item"),
+        help: ArgumentHelp("The largest item payload, in bytes (default: 1 MiB, or less to fit --max-frame).", valueName: "bytes"))
+    var maxItemOption: Int?
+
+    var maxItem: Int { maxItemOption ?? min(1 << 20, maxFrame - 64) }
 
     @Option(
         name: .customLong("max-batch"), help: ArgumentHelp("The most items, ids or steps in one request.", valueName: "n"))

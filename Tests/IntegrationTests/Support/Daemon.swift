@@ -30,13 +30,20 @@ final class Daemon: @unchecked Sendable {
     /// Starts the daemon and waits until it answers (`storectl ping --wait`).
     func start() async throws {
         starts += 1
-        process = try ChildProcess(arguments, stdoutPath: logPath, stderrPath: logPath, in: directory)
-        let ping = try await storectl(["ping", "--wait", "30"])
-        guard ping.status == 0 else {
-            process?.signal(SIGKILL)
-            await process?.wait()
-            throw DaemonFailure("the daemon did not become ready: \(ping.stderr)\n\(log)")
+        let child = try ChildProcess(arguments, stdoutPath: logPath, stderrPath: logPath, in: directory)
+        process = child
+        for _ in 0..<120 {
+            if try await storectl(["ping", "--wait", "0.5"]).status == 0 { return }
+            var status: Int32 = 0
+            if waitpid(child.pid, &status, WNOHANG) == child.pid {
+                process = nil
+                throw DaemonFailure("the daemon exited at start-up:\n\(child.stderr)")
+            }
         }
+        child.signal(SIGKILL)
+        await child.wait()
+        process = nil
+        throw DaemonFailure("the daemon did not become ready in 60 s:\n\(child.stderr)")
     }
 
     /// SIGTERM and wait: the graceful path. Returns the exit status.
