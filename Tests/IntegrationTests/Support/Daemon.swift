@@ -12,9 +12,9 @@ final class Daemon: @unchecked Sendable {
     private(set) var process: ChildProcess?
     private var starts = 0
 
-    init(in directory: String, arguments: [String] = []) {
+    init(in directory: String, socketPath: String? = nil, arguments: [String] = []) {
         self.directory = directory
-        self.socketPath = directory + "/s.sock"
+        self.socketPath = socketPath ?? directory + "/s.sock"
         self.dataDirectory = directory + "/data"
         self.extraArguments = arguments
     }

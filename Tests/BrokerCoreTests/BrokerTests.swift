@@ -1,0 +1,203 @@
+@testable import BrokerCore
+import Foundation
+import Logging
+import NIOCore
+import Testing
+import Wire
+
+/// A broker over `TestEngine` in a temporary data directory.
+private func withBroker(
+    history: Int = 100, _ body: (Broker, TestEngine) async throws -> Void
+) async throws {
+    var template = Array("/tmp/sb-core-XXXXXX".utf8CString)
+    let directory = String(cString: mkdtemp(&template)!)
+    defer { try? FileManager.default.removeItem(atPath: directory) }
+    let engine = TestEngine()
+    let broker = try Broker(
+        configuration: BrokerConfiguration(dataDirectory: directory, defaultEngine: "test", history: history),
+        engines: engine, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+    try await body(broker, engine)
+    await broker.shutdown()
+}
+
+private func ask(_ broker: Broker, _ request: ClientMessage) async -> Result<ServerMessage, WireError> {
+    await withCheckedContinuation { continuation in broker.handle(request) { continuation.resume(returning: $0) } }
+}
+
+private func item(_ id: String, _ payload: String = "{}") -> Item {
+    Item(id: ItemID(id), payload: Payload(payload))
+}
+
+private func records(_ broker: Broker, _ store: String) async throws -> [ItemRecord] {
+    guard case .success(.rangeResult(let range)) = await ask(broker, .queryRange(.init(store: store))) else {
+        throw WireError(.internalError, "no range")
+    }
+    return range.elements
+}
+
+private func sequence(of result: Result<ServerMessage, WireError>) -> UInt64? {
+    if case .success(.writeResult(let write)) = result, write.committed { return write.sequence }
+    return nil
+}
+
+@Suite struct StoreSemantics {
+    @Test func insertReplacesInPlaceDeduplicatesBatchesAndReinsertedIdsGoLast() async throws {
+        try await withBroker { broker, _ in
+            #expect(sequence(of: await ask(broker, .insert(.init(store: "s", items: [item("a", "1"), item("b", "1"), item("a", "2")])))) == 1)
+            var all = try await records(broker, "s")
+            #expect(all.map(\.id) == ["a", "b"])
+            #expect(all.map { String(buffer: $0.payload.bytes) } == ["2", "1"])
+            let createdA = all[0].createdAt
+
+            #expect(sequence(of: await ask(broker, .insert(.init(store: "s", items: [item("a", "3"), item("c")])))) == 2)
+            all = try await records(broker, "s")
+            #expect(all.map(\.id) == ["a", "b", "c"])
+            #expect(all[0].createdAt == createdA && String(buffer: all[0].payload.bytes) == "3")
+
+            #expect(sequence(of: await ask(broker, .remove(.init(store: "s", ids: ["a", "zz"])))) == 3)
+            try await Task.sleep(for: .milliseconds(2))
+            #expect(sequence(of: await ask(broker, .insert(.init(store: "s", items: [item("a", "4")])))) == 4)
+            all = try await records(broker, "s")
+            #expect(all.map(\.id) == ["b", "c", "a"])
+            #expect(all[2].createdAt > createdA)
+        }
+    }
+
+    @Test func requestsThatChangeNothingTakeNoSequence() async throws {
+        try await withBroker { broker, engine in
+            let unchanged: [ClientMessage] = [
+                .insert(.init(store: "s", items: [])), .remove(.init(store: "s", ids: ["x"])),
+                .removeAll(.init(store: "s")), .chain(.init(store: "s", steps: [.remove(ids: ["x"]), .removeAll])),
+                .drop(.init(store: "s")),
+            ]
+            for request in unchanged {
+                guard case .success(.writeResult(let result)) = await ask(broker, request) else {
+                    Issue.record("\(request.type.name) failed")
+                    continue
+                }
+                #expect(!result.committed && result.sequence == 0 && result.epoch == 0)
+            }
+            #expect(engine.state.withLock { $0.applies.isEmpty })
+            guard case .success(.storeList(let list)) = await ask(broker, .listStores(.init())) else { return }
+            #expect(list.elements.isEmpty)
+        }
+    }
+
+    @Test func chainsAreOneCommitWithTheirStepsInOrder() async throws {
+        try await withBroker { broker, engine in
+            _ = await ask(broker, .insert(.init(store: "s", items: [item("x"), item("y")])))
+            let subscription = Subscription(id: 1, namespace: .store, name: "s", capacity: 100, wake: {})
+            _ = await withCheckedContinuation { c in broker.subscribe(subscription, start: .snapshot) { c.resume(returning: $0) } }
+            let result = await ask(
+                broker,
+                .chain(.init(store: "s", steps: [.removeAll, .insert(items: [item("a"), item("b")]), .remove(ids: ["a", "q"]), .insert(items: [item("a")])])))
+            #expect(sequence(of: result) == 2)
+            let ids = try await records(broker, "s").map(\.id)
+            #expect(ids == ["b", "a"])
+            #expect(engine.state.withLock { $0.applies.count } == 2)
+            let pushes = subscription.take(max: 10)
+            #expect(pushes.count == 2)
+            guard case .storeEvent(let event) = pushes[1] else { return }
+            #expect(event.sequence == 2)
+            let shape = event.elements.map { step -> String in
+                switch step {
+                case .insert(let records): "+" + records.map(\.id.string).joined()
+                case .remove(let ids): "-" + ids.map(\.string).joined()
+                }
+            }
+            #expect(shape == ["-xy", "+ab", "-a", "+a"])
+        }
+    }
+
+    @Test func readsNeverWaitForACommitAndConcurrentWritesShareOneTransaction() async throws {
+        try await withBroker { broker, engine in
+            _ = await ask(broker, .insert(.init(store: "s", items: [item("first")])))
+            engine.hold()
+            let answers = Answers()
+            broker.handle(.insert(.init(store: "s", items: [item("w1")]))) { answers.add(0, $0) }
+            #expect(await engine.waitForApplies(2))
+            // The engine is stuck in a commit: reads still answer at once, from the committed state.
+            #expect(try await records(broker, "s").map(\.id) == ["first"])
+            for n in 1...9 {
+                broker.handle(.insert(.init(store: "s", items: [item("w\(n + 1)")]))) { answers.add(n, $0) }
+            }
+            engine.release()
+            #expect(await engine.waitForApplies(3))
+            try await answers.waitFor(10)
+            #expect(answers.sequences == Array(2...11))
+            // The nine writes queued behind the held commit went to the engine as one transaction.
+            let applies = engine.state.withLock { $0.applies.map { ($0.steps.count, $0.sequence) } }
+            #expect(applies.map(\.0) == [1, 1, 9])
+            #expect(applies.map(\.1) == [1, 2, 11])
+            #expect(try await records(broker, "s").map(\.id) == ["first"] + (1...10).map { ItemID("w\($0)") })
+        }
+    }
+
+    @Test func aFailedCommitChangesNothingInMemory() async throws {
+        try await withBroker { broker, engine in
+            _ = await ask(broker, .insert(.init(store: "s", items: [item("a")])))
+            engine.state.withLock { $0.failNext = true }
+            let failed = await ask(broker, .chain(.init(store: "s", steps: [.removeAll, .insert(items: [item("b")])])))
+            guard case .failure(let error) = failed else {
+                Issue.record("the commit did not fail")
+                return
+            }
+            #expect(error.code == .engineError && error.message.contains("fire"))
+            let ids = try await records(broker, "s").map(\.id)
+            #expect(ids == ["a"])
+            #expect(sequence(of: await ask(broker, .insert(.init(store: "s", items: [item("c")])))) == 2)
+        }
+    }
+
+    @Test func conditionsCompareWithTheSequenceAtTheirTurn() async throws {
+        try await withBroker { broker, _ in
+            #expect(sequence(of: await ask(broker, .insert(.init(store: "s", condition: .absent, items: [item("a")])))) == 1)
+            guard case .failure(let conflict) = await ask(broker, .insert(.init(store: "s", condition: .absent, items: [item("b")]))) else {
+                Issue.record("no conflict")
+                return
+            }
+            #expect(conflict.code == .conflict)
+            #expect(sequence(of: await ask(broker, .removeAll(.init(store: "s", condition: .sequence(1))))) == 2)
+            guard case .success(.countResult(let count)) = await ask(broker, .count(.init(store: "s"))) else { return }
+            #expect(count.count == 0 && count.sequence == 2)
+        }
+    }
+}
+
+@Suite struct Subscriptions {
+    @Test func aFullBufferEndsTheSubscriptionWithLaggedAfterWhatItHolds() {
+        let subscription = Subscription(id: 3, namespace: .store, name: "s", capacity: 2, wake: {})
+        let event = { (n: UInt64) in ServerMessage.storeEvent(.init(epoch: 9, sequence: n, elements: [])) }
+        #expect(subscriptionOffer(subscription, event(1), 1))
+        #expect(subscriptionOffer(subscription, event(2), 2))
+        #expect(!subscriptionOffer(subscription, event(3), 3))
+        #expect(!subscriptionOffer(subscription, event(4), 4))
+        let pushes = subscription.take(max: 10)
+        #expect(pushes.count == 3)
+        #expect(pushes.last == .lagged(.init(epoch: 9, sequence: 2)))
+        #expect(subscription.isEnded)
+    }
+}
+
+/// `offer` is internal (only stores offer); the test reaches it through `@testable`.
+private func subscriptionOffer(_ subscription: Subscription, _ message: ServerMessage, _ sequence: UInt64) -> Bool {
+    subscription.offer(message, epoch: 9, sequence: sequence)
+}
+
+/// Answers arriving from the broker's threads.
+private final class Answers: @unchecked Sendable {
+    private let lock = NSLock()
+    private var results: [Int: Result<ServerMessage, WireError>] = [:]
+
+    func add(_ index: Int, _ result: Result<ServerMessage, WireError>) { lock.withLock { results[index] = result } }
+
+    var sequences: [UInt64?] { lock.withLock { (0..<results.count).map { sequence(of: results[$0]!) } } }
+
+    func waitFor(_ count: Int) async throws {
+        for _ in 0..<2000 {
+            if lock.withLock({ results.count }) >= count { return }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        throw WireError(.internalError, "only \(lock.withLock { results.count }) answers")
+    }
+}

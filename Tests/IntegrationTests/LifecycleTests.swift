@@ -1,0 +1,125 @@
+import Foundation
+import Testing
+
+extension Integration {
+    /// Start-up, paths and permissions, one daemon per data directory and socket, graceful shutdown.
+    @Suite struct Lifecycle {
+        @Test func createsItsDirectoriesPrivatelyAndRemovesItsSocketOnSIGTERM() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = Daemon(in: directory, socketPath: directory + "/run/deeper/s.sock")
+                // The socket's directory and the data directory are created (mode 0700), the socket is 0600.
+                try FileManager.default.createDirectory(atPath: directory + "/run", withIntermediateDirectories: false)
+                try await daemon.start()
+                #expect(mode(directory + "/run/deeper") == 0o700)
+                #expect(mode(daemon.socketPath) == 0o600)
+                #expect(mode(daemon.dataDirectory) == 0o700)
+                let watcher = try await daemon.watch("s")
+                #expect(await daemon.stop() == 0)
+                #expect(!FileManager.default.fileExists(atPath: daemon.socketPath))
+                // Clients are told why the connection ends.
+                #expect(await watcher.process.wait(atMost: 10) == 69)
+                #expect(watcher.process.stderr.contains("shutting down"))
+            }
+        }
+
+        @Test func aSecondDaemonOnTheSameSocketOrDataDirectoryExitsWithAClearMessage() async throws {
+            try await Daemon.with { daemon in
+                // Same socket, other data directory.
+                let sameSocket = try ChildProcess(
+                    [binDirectory + "/storebrokerd", "--socket", daemon.socketPath, "--data-dir", daemon.directory + "/other", "--no-dbus"],
+                    stdoutPath: daemon.directory + "/second.log", stderrPath: daemon.directory + "/second.log", in: daemon.directory)
+                #expect(await sameSocket.wait(atMost: 30) != 0)
+                #expect(sameSocket.stderr.contains("already listening on \(daemon.socketPath)"))
+                // Same data directory, other socket.
+                let sameData = try ChildProcess(
+                    [binDirectory + "/storebrokerd", "--socket", daemon.directory + "/other.sock", "--data-dir", daemon.dataDirectory, "--no-dbus"],
+                    stdoutPath: daemon.directory + "/third.log", stderrPath: daemon.directory + "/third.log", in: daemon.directory)
+                #expect(await sameData.wait(atMost: 30) != 0)
+                #expect(sameData.stderr.contains("another storebrokerd is already using the data directory"))
+                #expect(!FileManager.default.fileExists(atPath: daemon.directory + "/other.sock"))
+                // The first one is untouched.
+                #expect(try await daemon.storectl(["ping"]).stdout == "pong\n")
+            }
+        }
+
+        @Test func aStaleSocketIsReplacedAndAnythingElseIsRefused() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = Daemon(in: directory)
+                try await daemon.start()
+                _ = try await daemon.storectl(["insert", "s", #"{"id":"1"}"#])
+                await daemon.crash()
+                #expect(FileManager.default.fileExists(atPath: daemon.socketPath))  // left behind by kill -9
+                try await daemon.start()
+                #expect(try await daemon.storectl(["count", "s"]).stdout == "1\n")
+                await daemon.stop()
+
+                try "not a socket".write(toFile: daemon.socketPath, atomically: false, encoding: .utf8)
+                let refused = try ChildProcess(
+                    daemon.arguments, stdoutPath: directory + "/refused.log", stderrPath: directory + "/refused.log", in: directory)
+                #expect(await refused.wait(atMost: 30) != 0)
+                #expect(refused.stderr.contains("is not a socket"))
+                #expect(try String(contentsOfFile: daemon.socketPath, encoding: .utf8) == "not a socket")
+            }
+        }
+
+        @Test func aSymbolicLinkAsSocketDirectoryIsRefused() async throws {
+            try await withTemporaryDirectory { directory in
+                try FileManager.default.createDirectory(atPath: directory + "/real", withIntermediateDirectories: false)
+                try FileManager.default.createSymbolicLink(atPath: directory + "/link", withDestinationPath: directory + "/real")
+                let daemon = try ChildProcess(
+                    [binDirectory + "/storebrokerd", "--socket", directory + "/link/s.sock", "--data-dir", directory + "/data", "--no-dbus"],
+                    stdoutPath: directory + "/log", stderrPath: directory + "/log", in: directory)
+                #expect(await daemon.wait(atMost: 30) != 0)
+                #expect(daemon.stderr.contains("symbolic link"))
+            }
+        }
+
+        @Test func badConfigurationFailsAtStartUp() async throws {
+            try await withTemporaryDirectory { directory in
+                let cases: [([String], String)] = [
+                    (["--engine-option", "sqlite.no_such_key=1"], "no option \"no_such_key\""),
+                    (["--engine-option", "nonsense"], "NAME.KEY=VALUE"),
+                    (["--engine", "nonexistent"], "nonexistent"),
+                    (["--log-level", "loud"], "--log-level"),
+                    (["--allow-uid", "1000"], "not supported"),
+                ]
+                for (extra, message) in cases {
+                    let daemon = try ChildProcess(
+                        [binDirectory + "/storebrokerd", "--socket", directory + "/s.sock", "--data-dir", directory + "/data", "--no-dbus"]
+                            + extra, stdoutPath: directory + "/log", stderrPath: directory + "/log", in: directory)
+                    #expect(await daemon.wait(atMost: 30) != 0, "\(extra)")
+                    #expect(daemon.stderr.contains(message), "\(extra): \(daemon.stderr)")
+                    #expect(!FileManager.default.fileExists(atPath: directory + "/s.sock"))
+                }
+                // A known option is accepted.
+                let daemon = Daemon(in: directory, arguments: ["--engine-option", "sqlite.synchronous=FULL"])
+                try await daemon.start()
+                #expect(try await daemon.storectl(["insert", "s", #"{"id":"1"}"#]).stdout == "1\n")
+                await daemon.stop()
+            }
+        }
+
+        @Test func versionAndHelp() async throws {
+            try await withTemporaryDirectory { directory in
+                let version = try ChildProcess(
+                    [binDirectory + "/storebrokerd", "--version"], stdoutPath: directory + "/v", stderrPath: directory + "/e", in: directory)
+                #expect(await version.wait(atMost: 30) == 0)
+                #expect(version.stdout.hasPrefix("storebrokerd 0."))
+                let help = try ChildProcess(
+                    [binDirectory + "/storebrokerd", "--help"], stdoutPath: directory + "/h", stderrPath: directory + "/e2", in: directory)
+                #expect(await help.wait(atMost: 30) == 0)
+                for flag in ["--socket", "--data-dir", "--engine", "--engine-path", "--engine-option", "--no-dbus", "--history",
+                    "--subscriber-buffer", "--max-frame", "--max-item", "--max-batch", "--log-level"]
+                {
+                    #expect(help.stdout.contains(flag), "\(flag)")
+                }
+            }
+        }
+    }
+}
+
+private func mode(_ path: String) -> mode_t {
+    var info = stat()
+    lstat(path, &info)
+    return info.st_mode & 0o7777
+}
