@@ -212,7 +212,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             } else {
                 complete(
                     slot: slot, id: id,
-                    .failure(WireError(.invalidRequest, "no subscription \(unsubscribe.subscriptionID) on this connection")))
+                    .failure(WireError(.notFound, "no subscription \(unsubscribe.subscriptionID) on this connection")))
             }
         default:
             if request.isWrite { openWrites.insert(slot) }
