@@ -22,6 +22,34 @@ extension Integration {
             }
         }
 
+        @Test func withNoConfigurationDaemonAndStorectlAgreeOnTheSocketAndDataDirectory() async throws {
+            try await withTemporaryDirectory { directory in
+                let environment = [
+                    "XDG_RUNTIME_DIR": directory + "/runtime", "XDG_DATA_HOME": directory + "/share",
+                    "HOME": directory, "PATH": "/usr/bin:/bin",
+                ]
+                try FileManager.default.createDirectory(atPath: directory + "/runtime", withIntermediateDirectories: false)
+                let daemon = try ChildProcess(
+                    [binDirectory + "/storebrokerd", "--no-dbus"], stdoutPath: directory + "/log", stderrPath: directory + "/log",
+                    in: directory, environment: environment)
+                func storectl(_ arguments: [String]) async throws -> ProcessResult {
+                    let child = try ChildProcess(
+                        [binDirectory + "/storectl"] + arguments, stdoutPath: directory + "/out", stderrPath: directory + "/err",
+                        in: directory, environment: environment)
+                    let status = await child.wait(atMost: 60)
+                    return ProcessResult(status: status, stdout: child.stdout, stderr: child.stderr)
+                }
+                #expect(try await storectl(["ping", "--wait", "30"]).stdout == "pong\n")
+                #expect(try await storectl(["insert", "s", #"{"id":"1"}"#]).stdout == "1\n")
+                #expect(FileManager.default.fileExists(atPath: directory + "/runtime/storebroker/storebroker.sock"))
+                #expect(mode(directory + "/runtime/storebroker") == 0o700)
+                #expect(FileManager.default.fileExists(atPath: directory + "/share/storebroker/stores/s/manifest"))
+                daemon.signal(SIGTERM)
+                #expect(await daemon.wait(atMost: 30) == 0)
+                #expect(!FileManager.default.fileExists(atPath: directory + "/runtime/storebroker/storebroker.sock"))
+            }
+        }
+
         @Test func aSecondDaemonOnTheSameSocketOrDataDirectoryExitsWithAClearMessage() async throws {
             try await Daemon.with { daemon in
                 // Same socket, other data directory.

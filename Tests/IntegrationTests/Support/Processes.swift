@@ -23,7 +23,11 @@ final class ChildProcess: @unchecked Sendable {
     let stderrPath: String
     private var reaped: Int32?
 
-    init(_ arguments: [String], stdin: String? = nil, stdoutPath: String, stderrPath: String, in directory: String) throws {
+    /// `environment` replaces the test's own environment when given.
+    init(
+        _ arguments: [String], stdin: String? = nil, stdoutPath: String, stderrPath: String, in directory: String,
+        environment: [String: String]? = nil
+    ) throws {
         self.stdoutPath = stdoutPath
         self.stderrPath = stderrPath
         let stdinPath = directory + "/stdin-\(UUID().uuidString)"
@@ -51,8 +55,11 @@ final class ChildProcess: @unchecked Sendable {
 
         let argv = arguments.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
+        let envp = environment.map { $0.map { strdup("\($0.key)=\($0.value)") } + [nil] }
+        defer { envp?.forEach { free($0) } }
         var pid: pid_t = 0
-        let status = posix_spawn(&pid, arguments[0], &actions, &attributes, argv, environ)
+        let status = envp.map { posix_spawn(&pid, arguments[0], &actions, &attributes, argv, $0) }
+            ?? posix_spawn(&pid, arguments[0], &actions, &attributes, argv, environ)
         guard status == 0 else { throw POSIXError(POSIXErrorCode(rawValue: status) ?? .EIO) }
         self.pid = pid
     }
