@@ -125,6 +125,11 @@ let package = Package(
             name: "IntegrationTests",
             dependencies: ["Wire", "StoreBrokerClient", .product(name: "NIOCore", package: "swift-nio")]
         ),
+        .executableTarget(
+            name: "broker-bench",
+            dependencies: ["StoreBrokerClient", "Wire", .product(name: "NIOCore", package: "swift-nio")],
+            path: "Benchmarks/broker-bench"
+        ),
         // The engine conformance suite and the loader's tests: engines are loaded from the build directory
         // through EngineLoader, never linked.
         .testTarget(

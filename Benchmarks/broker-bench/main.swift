@@ -1,0 +1,185 @@
+// broker-bench: the daemon through its socket, as clients see it. Starts the storebrokerd built beside this
+// binary on a temporary socket and data directory for each engine, and measures sequential latency,
+// pipelined and concurrent write throughput (group commit), batch inserts and reading 10,000 items.
+// Results and the command that reproduces them: docs/BENCHMARKS.md.
+import Foundation
+import NIOCore
+import StoreBrokerClient
+import Wire
+
+struct Options {
+    var engines = ["sqlite", "memory"]
+    var runs = 3
+
+    init(_ arguments: [String]) {
+        var iterator = arguments.makeIterator()
+        while let argument = iterator.next() {
+            switch argument {
+            case "--runs": runs = Int(iterator.next() ?? "") ?? runs
+            case "--engine": engines = (iterator.next() ?? "").split(separator: ",").map(String.init)
+            default:
+                FileHandle.standardError.write(Data("usage: broker-bench [--runs N] [--engine sqlite,memory]\n".utf8))
+                exit(64)
+            }
+        }
+    }
+}
+
+/// The daemon under test, started from this binary's directory.
+final class DaemonProcess {
+    let directory: String
+    let socket: String
+    let pid: pid_t
+
+    init(engine: String) throws {
+        var template = Array("/tmp/sb-bench-XXXXXX".utf8CString)
+        directory = String(cString: mkdtemp(&template)!)
+        socket = directory + "/s.sock"
+        let bin = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent().path
+        let arguments = [
+            bin + "/storebrokerd", "--socket", socket, "--data-dir", directory + "/data", "--engine", engine, "--no-dbus",
+            "--log-level", "warning",
+        ]
+        let argv = arguments.map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var pid: pid_t = 0
+        guard posix_spawn(&pid, arguments[0], nil, nil, argv, environ) == 0 else { throw POSIXError(.EIO) }
+        self.pid = pid
+    }
+
+    func connect() async throws -> BrokerConnection {
+        for _ in 0..<600 {
+            if let connection = try? await BrokerConnection.connect(socketPath: socket, clientName: "broker-bench") {
+                return connection
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        throw POSIXError(.ETIMEDOUT)
+    }
+
+    func stop() {
+        kill(pid, SIGTERM)
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+}
+
+func item(_ id: String, bytes: Int) -> Item {
+    Item(id: ItemID(id), payload: Payload("{\"id\":\"\(id)\",\"pad\":\"" + String(repeating: "x", count: max(0, bytes - 20)) + "\"}"))
+}
+
+func seconds(_ duration: Duration) -> Double {
+    Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+}
+
+func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
+
+func percentile(_ values: [Double], _ p: Double) -> Double {
+    let sorted = values.sorted()
+    return sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]
+}
+
+/// One engine's figures for one run.
+struct Figures {
+    var sequentialP50 = 0.0  // s per insert, one client waiting for each
+    var sequentialP99 = 0.0
+    var getP50 = 0.0  // s per getItems of one id
+    var pipelined = 0.0  // inserts/s, one connection, 64 in flight
+    var concurrent = 0.0  // inserts/s, 8 connections each waiting for each
+    var batch = 0.0  // items/s, batches of 1,000 × 200 B
+    var read10k = 0.0  // s to read 10,000 × 1 KB items
+}
+
+func measure(engine: String) async throws -> Figures {
+    let daemon = try DaemonProcess(engine: engine)
+    defer { daemon.stop() }
+    let connection = try await daemon.connect()
+    var figures = Figures()
+    let clock = ContinuousClock()
+
+    // Sequential single-item inserts and gets: latency.
+    var latencies: [Double] = []
+    for n in 0..<2000 {
+        let start = clock.now
+        _ = try await connection.send(.insert(.init(store: "seq", items: [item("\(n)", bytes: 200)])))
+        latencies.append(seconds(clock.now - start))
+    }
+    figures.sequentialP50 = median(latencies)
+    figures.sequentialP99 = percentile(latencies, 0.99)
+    latencies = []
+    for n in 0..<2000 {
+        let start = clock.now
+        _ = try await connection.send(.getItems(.init(store: "seq", ids: [ItemID("\(n)")])))
+        latencies.append(seconds(clock.now - start))
+    }
+    figures.getP50 = median(latencies)
+
+    // Pipelined: 20,000 inserts, 64 in flight on one connection.
+    var start = clock.now
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        for n in 0..<20_000 {
+            if n >= 64 { try await group.next() }
+            group.addTask { _ = try await connection.send(.insert(.init(store: "pipe", items: [item("\(n)", bytes: 200)]))) }
+        }
+        try await group.waitForAll()
+    }
+    figures.pipelined = 20_000 / seconds(clock.now - start)
+
+    // Concurrent: 8 connections, each 1,000 inserts one after the other, into one store.
+    var connections: [BrokerConnection] = []
+    for _ in 0..<8 { connections.append(try await daemon.connect()) }
+    start = clock.now
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        for (index, client) in connections.enumerated() {
+            group.addTask {
+                for n in 0..<1000 {
+                    _ = try await client.send(.insert(.init(store: "many", items: [item("c\(index)-\(n)", bytes: 200)])))
+                }
+            }
+        }
+        try await group.waitForAll()
+    }
+    figures.concurrent = 8000 / seconds(clock.now - start)
+    for client in connections { await client.close() }
+
+    // Batches: 20 × 1,000 items.
+    start = clock.now
+    for batch in 0..<20 {
+        let items = (0..<1000).map { item("b\(batch)-\($0)", bytes: 200) }
+        _ = try await connection.send(.insert(.init(store: "batch", items: items)))
+    }
+    figures.batch = 20_000 / seconds(clock.now - start)
+
+    // Read 10,000 × 1 KB.
+    for batch in 0..<10 {
+        _ = try await connection.send(.insert(.init(store: "read", items: (0..<1000).map { item("r\(batch)-\($0)", bytes: 1000) })))
+    }
+    var reads: [Double] = []
+    for _ in 0..<5 {
+        start = clock.now
+        guard case .rangeResult(let range) = try await connection.send(.queryRange(.init(store: "read"))),
+            range.elements.count == 10_000
+        else { fatalError("the read did not return 10,000 items") }
+        reads.append(seconds(clock.now - start))
+    }
+    figures.read10k = median(reads)
+    await connection.close()
+    return figures
+}
+
+let options = Options(Array(CommandLine.arguments.dropFirst()))
+print("broker-bench: \(options.runs) runs per engine, medians of the runs (\(StoreBrokerVersion.string))")
+print("| engine | insert p50 | insert p99 | get p50 | pipelined inserts/s | 8 clients inserts/s | batch items/s | read 10,000 × 1 KB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for engine in options.engines {
+    var runs: [Figures] = []
+    for _ in 0..<options.runs { runs.append(try await measure(engine: engine)) }
+    let collected = runs
+    func m(_ key: KeyPath<Figures, Double> & Sendable) -> Double { median(collected.map { $0[keyPath: key] }) }
+    print(
+        "| \(engine) | \(String(format: "%.0f µs", m(\.sequentialP50) * 1e6)) | \(String(format: "%.0f µs", m(\.sequentialP99) * 1e6)) "
+            + "| \(String(format: "%.0f µs", m(\.getP50) * 1e6)) | \(String(format: "%.0f", m(\.pipelined))) "
+            + "| \(String(format: "%.0f", m(\.concurrent))) | \(String(format: "%.0f", m(\.batch))) "
+            + "| \(String(format: "%.4f s", m(\.read10k))) |")
+}
