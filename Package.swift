@@ -98,10 +98,12 @@ let package = Package(
             name: "wiredump",
             dependencies: ["Wire", .product(name: "NIOCore", package: "swift-nio")]
         ),
+        // Helpers shared by the test targets.
+        .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(
             name: "WireTests",
             dependencies: [
-                "Wire",
+                "Wire", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOTestUtils", package: "swift-nio"),
             ]
@@ -116,14 +118,14 @@ let package = Package(
         .testTarget(
             name: "BrokerCoreTests",
             dependencies: [
-                "BrokerCore", "Wire", .product(name: "NIOCore", package: "swift-nio"),
+                "BrokerCore", "Wire", "TestSupport", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
         // The real storebrokerd and storectl binaries on temporary sockets and data directories.
         .testTarget(
             name: "IntegrationTests",
-            dependencies: ["Wire", "StoreBrokerClient", .product(name: "NIOCore", package: "swift-nio")]
+            dependencies: ["Wire", "StoreBrokerClient", "TestSupport", .product(name: "NIOCore", package: "swift-nio")]
         ),
         .executableTarget(
             name: "broker-bench",
@@ -135,7 +137,7 @@ let package = Package(
         .testTarget(
             name: "EngineTests",
             dependencies: [
-                "BrokerCore", "EngineLoader", "Wire", .product(name: "NIOCore", package: "swift-nio"),
+                "BrokerCore", "EngineLoader", "Wire", "TestSupport", .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),
     ],

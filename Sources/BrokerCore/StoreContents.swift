@@ -22,26 +22,10 @@ public struct StoreContents: Sendable {
     public func contains(_ id: ItemID) -> Bool { table.contains(id) }
 
     /// Every record, in store order.
-    public var records: [ItemRecord] {
-        var out: [ItemRecord] = []
-        out.reserveCapacity(table.count)
-        table.forEach { _, record in
-            out.append(record)
-            return true
-        }
-        return out
-    }
+    public var records: [ItemRecord] { collect(after: nil, limit: 0) { $1 } ?? [] }
 
     /// Every id, in store order.
-    public var ids: [ItemID] {
-        var out: [ItemID] = []
-        out.reserveCapacity(table.count)
-        table.forEach { id, _ in
-            out.append(id)
-            return true
-        }
-        return out
-    }
+    public var ids: [ItemID] { collect(after: nil, limit: 0) { id, _ in id } ?? [] }
 
     /// Up to `limit` records (0: no limit) after `cursor` (or from the start), in store order; `nil` when the
     /// cursor's id is not in the store.
@@ -56,6 +40,7 @@ public struct StoreContents: Sendable {
 
     private func collect<T>(after cursor: ItemID?, limit: Int, _ transform: (ItemID, ItemRecord) -> T) -> [T]? {
         var out: [T] = []
+        out.reserveCapacity(limit == 0 ? table.count : min(limit, table.count))
         let visit: (ItemID, ItemRecord) -> Bool = { id, record in
             out.append(transform(id, record))
             return limit == 0 || out.count < limit

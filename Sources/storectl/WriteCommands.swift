@@ -67,6 +67,16 @@ struct Insert: AsyncParsableCommand {
     }
 }
 
+extension ParsableCommand {
+    /// Sends one write and prints its result.
+    func write(_ global: GlobalOptions, _ request: () throws -> ClientMessage) async throws {
+        try await reporting {
+            let message = try request()
+            try printWriteResult(try await global.connect().send(message))
+        }
+    }
+}
+
 struct Remove: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Remove items by id; prints the new sequence (nothing if none was there).",
@@ -82,12 +92,7 @@ struct Remove: AsyncParsableCommand {
     }
 
     func run() async throws {
-        try await reporting {
-            let connection = try await global.connect()
-            try printWriteResult(
-                try await connection.send(
-                    .remove(.init(store: store, condition: condition.condition, ids: ids.map { ItemID($0) }))))
-        }
+        try await write(global) { .remove(.init(store: store, condition: condition.condition, ids: ids.map { ItemID($0) })) }
     }
 }
 
@@ -101,10 +106,7 @@ struct Clear: AsyncParsableCommand {
     @Argument(help: "The store.") var store: String
 
     func run() async throws {
-        try await reporting {
-            let connection = try await global.connect()
-            try printWriteResult(try await connection.send(.removeAll(.init(store: store, condition: condition.condition))))
-        }
+        try await write(global) { .removeAll(.init(store: store, condition: condition.condition)) }
     }
 }
 
@@ -118,10 +120,7 @@ struct Drop: AsyncParsableCommand {
     @Argument(help: "The store.") var store: String
 
     func run() async throws {
-        try await reporting {
-            let connection = try await global.connect()
-            try printWriteResult(try await connection.send(.drop(.init(store: store, condition: condition.condition))))
-        }
+        try await write(global) { .drop(.init(store: store, condition: condition.condition)) }
     }
 }
 

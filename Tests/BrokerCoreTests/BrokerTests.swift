@@ -3,21 +3,21 @@ import Foundation
 import Logging
 import NIOCore
 import Testing
+import TestSupport
 import Wire
 
 /// A broker over `TestEngine` in a temporary data directory.
 private func withBroker(
     history: Int = 100, _ body: (Broker, TestEngine) async throws -> Void
 ) async throws {
-    var template = Array("/tmp/sb-core-XXXXXX".utf8CString)
-    let directory = String(cString: mkdtemp(&template)!)
-    defer { try? FileManager.default.removeItem(atPath: directory) }
-    let engine = TestEngine()
-    let broker = try Broker(
-        configuration: BrokerConfiguration(dataDirectory: directory, defaultEngine: "test", history: history),
-        engines: engine, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
-    try await body(broker, engine)
-    await broker.shutdown()
+    try await withTemporaryDirectory(prefix: "sb-core") { directory in
+        let engine = TestEngine()
+        let broker = try Broker(
+            configuration: BrokerConfiguration(dataDirectory: directory, defaultEngine: "test", history: history),
+            engines: engine, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        try await body(broker, engine)
+        await broker.shutdown()
+    }
 }
 
 private func ask(_ broker: Broker, _ request: ClientMessage) async -> Result<ServerMessage, WireError> {

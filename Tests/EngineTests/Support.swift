@@ -2,14 +2,11 @@ import BrokerCore
 import EngineLoader
 import Foundation
 import NIOCore
+import TestSupport
 
 /// A directory under /tmp, removed when `body` returns.
 func withTemporaryDirectory<T>(_ body: (String) async throws -> T) async throws -> T {
-    var template = Array("/tmp/sb-engine-XXXXXX".utf8CString)
-    guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
-    let path = String(cString: made)
-    defer { try? FileManager.default.removeItem(atPath: path) }
-    return try await body(path)
+    try await TestSupport.withTemporaryDirectory(prefix: "sb-engine", body)
 }
 
 /// The engines built beside the test bundle, found the way the daemon finds them.

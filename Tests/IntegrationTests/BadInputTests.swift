@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import Testing
+import TestSupport
 import Wire
 
 extension Integration {
@@ -20,10 +21,9 @@ extension Integration {
 
         @Test func randomBytesCloseThatConnection() async throws {
             try await Daemon.with { daemon in
-                var generator = SystemRandomNumberGenerator()
-                let seed = UInt64.random(in: 0...UInt64.max, using: &generator)
-                print("randomBytes seed \(seed)")
-                var random = SplitMix(seed: seed)
+                let seed = SeededGenerator.seedFromEnvironment()
+                print("randomBytes: seed \(seed) (replay with STOREBROKER_TEST_SEED=\(seed))")
+                var random = SeededGenerator(state: seed)
                 for _ in 0..<20 {
                     try await survives(daemon) {
                         let client = try RawClient(socketPath: daemon.socketPath)
@@ -221,21 +221,5 @@ extension Integration {
                 }
             }
         }
-    }
-}
-
-/// A small seeded generator, so a failing random run can be replayed from its printed seed.
-struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) {
-        state = ProcessInfo.processInfo.environment["STOREBROKER_TEST_SEED"].flatMap(UInt64.init) ?? seed
-    }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

@@ -1,20 +1,8 @@
 import Foundation
 import NIOCore
 import Testing
+import TestSupport
 import Wire
-
-/// SplitMix64: small, fast, and the same sequence for the same seed on every machine.
-struct SeededGenerator: RandomNumberGenerator {
-    var state: UInt64
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 /// Feeds random and mutated frames to the decoder. It must never crash or hang, must only ever throw
 /// `WireError` (the decoding functions declare `throws(WireError)`, so the compiler holds that part), and
@@ -25,7 +13,7 @@ struct SeededGenerator: RandomNumberGenerator {
 @Suite struct RandomizedDecoderTests {
     @Test func randomAndMutatedFramesOnlyEverYieldTypedErrors() throws {
         let environment = ProcessInfo.processInfo.environment
-        let seed = environment["STOREBROKER_TEST_SEED"].flatMap { UInt64($0) } ?? UInt64.random(in: 1...UInt64.max)
+        let seed = SeededGenerator.seedFromEnvironment()
         let inputs = environment["STOREBROKER_FUZZ_INPUTS"].flatMap { Int($0) } ?? 100_000
         print("RandomizedDecoderTests: seed \(seed) (replay with STOREBROKER_TEST_SEED=\(seed)), \(inputs) inputs")
         var rng = SeededGenerator(state: seed)

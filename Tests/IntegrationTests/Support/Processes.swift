@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 
 /// What a finished process left.
 struct ProcessResult: Sendable {
@@ -118,11 +119,7 @@ final class Flag: @unchecked Sendable {
 
 /// A directory under /tmp with a short name (socket paths must stay under 108 bytes), removed afterwards.
 func withTemporaryDirectory<T>(_ body: (String) async throws -> T) async throws -> T {
-    var template = Array("/tmp/sbi-XXXXXX".utf8CString)
-    guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
-    let path = String(cString: made)
-    defer { try? FileManager.default.removeItem(atPath: path) }
-    return try await body(path)
+    try await TestSupport.withTemporaryDirectory(prefix: "sbi", body)
 }
 
 /// Polls `condition` every 20 ms, at most `seconds`: for waiting on something another process writes
