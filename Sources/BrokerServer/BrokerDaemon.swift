@@ -10,6 +10,36 @@ import NIOPosix
 import Synchronization
 import Wire
 
+extension Channel {
+    /// Closes once `lastWord` is written, without losing it: closing a socket that still holds unread input
+    /// makes the kernel send a reset, and a reset can destroy the client's copy of the last word. So the
+    /// output is shut down first (the client reads the last word, then end of stream), and the connection is
+    /// closed when the client closes its side, or after 5 seconds.
+    func closeAfterLastWord(_ lastWord: EventLoopFuture<Void>) {
+        lastWord.whenComplete { _ in
+            self.close(mode: .output, promise: nil)
+            self.eventLoop.scheduleTask(in: .seconds(5)) { self.close(promise: nil) }
+        }
+    }
+}
+
+/// Answers a connection it will not serve with one `error` (id 0), then closes it.
+final class RefusingHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    private let error: WireError
+
+    init(error: WireError) {
+        self.error = error
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        context.channel.closeAfterLastWord(context.writeAndFlush(wrapOutboundOut(ServerSession.errorFrame(error, id: 0))))
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {}  // nothing it says matters
+}
+
 /// The daemon: a broker on a data directory, listening on a Unix socket.
 ///
 /// `start` is the one build function: `storebrokerd` calls it (through `run`), and so can tests and the
@@ -131,12 +161,12 @@ public final class BrokerDaemon: Sendable {
                     connectionLogger[metadataKey: "peer.uid"] = "\(credentials.map { String($0.uid) } ?? "?")"
                     guard let credentials, credentials.uid == ownUID || credentials.uid == 0 else {
                         connectionLogger.warning("refused a peer of another user")
-                        let error = ServerSession.errorFrame(
-                            WireError(
-                                .permissionDenied,
-                                "this broker serves uid \(ownUID) only; uid \(credentials.map { String($0.uid) } ?? "unknown") is not allowed"
-                            ), id: 0)
-                        return channel.writeAndFlush(error).flatMap { channel.close() }
+                        let error = WireError(
+                            .permissionDenied,
+                            "this broker serves uid \(ownUID) only; uid \(credentials.map { String($0.uid) } ?? "unknown") is not allowed")
+                        return channel.eventLoop.makeCompletedFuture {
+                            try channel.pipeline.syncOperations.addHandler(RefusingHandler(error: error))
+                        }
                     }
                     return channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(

@@ -96,6 +96,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     // MARK: Input
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !closing else { return }  // after the last word, input is read and dropped until the close
         var bytes = unwrapInboundIn(data)
         input.writeBuffer(&bytes)
         processInput()
@@ -110,7 +111,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     private func canRead(_ context: ChannelHandlerContext) -> Bool {
-        !closing && slots.count < limits.maxInFlight && context.channel.isWritable
+        closing || (slots.count < limits.maxInFlight && context.channel.isWritable)
     }
 
     private func resumeReading() {
@@ -154,8 +155,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
                     logger.info("closing the connection after a protocol error")
                     flushAnswers()
                     closing = true
-                    let channel = context.channel
-                    context.writeAndFlush(wrapOutboundOut(error)).whenComplete { _ in channel.close(promise: nil) }
+                    context.channel.closeAfterLastWord(context.writeAndFlush(wrapOutboundOut(error)))
                     return
                 case .request(let id, let request):
                     accept(id: id, request)
@@ -319,8 +319,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         var out = ByteBuffer()
         try? ServerMessage.goodbye(.init(code: .shuttingDown, message: message)).encode(
             id: 0, maxFrameLength: limits.maxFrameLength, into: &out)
-        let channel = context.channel
-        context.writeAndFlush(wrapOutboundOut(out)).whenComplete { _ in channel.close(promise: nil) }
+        context.channel.closeAfterLastWord(context.writeAndFlush(wrapOutboundOut(out)))
     }
 }
 

@@ -50,6 +50,51 @@ extension Integration {
             }
         }
 
+        @Test func sigtermWorksEvenWhenTheParentLeftItBlocked() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = Daemon(in: directory)
+                let child = try ChildProcess(
+                    daemon.arguments, stdoutPath: directory + "/log", stderrPath: directory + "/log", in: directory,
+                    blockedSignals: [SIGTERM, SIGINT])
+                #expect(try await daemon.storectl(["ping", "--wait", "30"]).status == 0)
+                child.signal(SIGTERM)
+                #expect(await child.wait(atMost: 30) == 0)
+                #expect(child.stderr.contains("received SIGTERM"))
+            }
+        }
+
+        @Test func aPeerOfAnotherUserIsRefused() async throws {
+            guard getuid() == 0, FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") else { return }
+            try await Daemon.with { daemon in
+                // Open the way on purpose (the daemon's own modes would stop `nobody` before SO_PEERCRED does).
+                chmod(daemon.directory, 0o755)
+                chmod(daemon.socketPath, 0o666)
+                let script = """
+                    import socket, struct
+                    s = socket.socket(socket.AF_UNIX)
+                    s.connect("\(daemon.socketPath)")
+                    hello = b"SBRK" + bytes([1]) + struct.pack(">H", 1) + struct.pack(">H", 6) + b"nobody"
+                    s.sendall(struct.pack(">IBBHI", len(hello), 1, 0, 0, 0) + hello)
+                    data = b""
+                    while True:
+                        chunk = s.recv(4096)
+                        if not chunk: break
+                        data += chunk
+                    length, kind, flags, reserved, ident = struct.unpack(">IBBHI", data[:12])
+                    code = struct.unpack(">H", data[12:14])[0]
+                    print(hex(kind), ident, hex(code), data[16:].decode())
+                    """
+                let result = try ChildProcess(
+                    ["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "/usr/bin/python3", "-c", script],
+                    stdoutPath: daemon.directory + "/peer.out", stderrPath: daemon.directory + "/peer.err", in: daemon.directory)
+                let status = await result.wait(atMost: 30)
+                #expect(status == 0, "\(result.stderr)")
+                #expect(result.stdout.hasPrefix("0x7f 0 0x107 "), "\(result.stdout)")
+                #expect(result.stdout.contains("not allowed"))
+                #expect(try await daemon.storectl(["ping"]).stdout == "pong\n")
+            }
+        }
+
         @Test func aSecondDaemonOnTheSameSocketOrDataDirectoryExitsWithAClearMessage() async throws {
             try await Daemon.with { daemon in
                 // Same socket, other data directory.

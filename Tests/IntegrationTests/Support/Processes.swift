@@ -24,10 +24,11 @@ final class ChildProcess: @unchecked Sendable {
     let stderrPath: String
     private var reaped: Int32?
 
-    /// `environment` replaces the test's own environment when given.
+    /// `environment` replaces the test's own environment when given; `blockedSignals` are blocked in the child
+    /// (to play a careless parent).
     init(
         _ arguments: [String], stdin: String? = nil, stdoutPath: String, stderrPath: String, in directory: String,
-        environment: [String: String]? = nil
+        environment: [String: String]? = nil, blockedSignals: [Int32] = []
     ) throws {
         self.stdoutPath = stdoutPath
         self.stderrPath = stderrPath
@@ -47,6 +48,7 @@ final class ChildProcess: @unchecked Sendable {
         defer { posix_spawnattr_destroy(&attributes) }
         var empty = sigset_t()
         sigemptyset(&empty)
+        for signal in blockedSignals { sigaddset(&empty, signal) }
         var defaults = sigset_t()
         sigemptyset(&defaults)
         for signal in [SIGTERM, SIGINT, SIGPIPE, SIGHUP] { sigaddset(&defaults, signal) }
