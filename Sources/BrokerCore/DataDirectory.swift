@@ -3,21 +3,37 @@ import Glibc
 #endif
 import Wire
 
-/// Where the broker keeps its stores (docs/DATA-DIRECTORY.md):
+/// Where the broker keeps its stores and values (docs/DAEMON.md):
 ///
-///     DATA/stores/NAME/manifest   the store's engine and epoch ("key=value" lines)
-///     DATA/stores/NAME/data/      the engine's own files for this store
+///     DATA/stores/NAME/manifest       a store's engine and epoch ("key=value" lines)
+///     DATA/stores/NAME/data/          the engine's own files for this store
+///     DATA/values/{manifest,data/}    every value, in one engine store
+///     DATA/secure-values/...          every secure value, encrypted, in one engine store
 ///
-/// A store is created by writing its manifest under a temporary name and renaming the directory into place,
-/// so a store directory always has a manifest; it is dropped by renaming it away before deleting it.
+/// A place (a store's directory, or a value namespace's) is created by writing its manifest under a
+/// temporary name beside it and renaming the directory into place, so a place always has a manifest; it is
+/// dropped by renaming it away before deleting it.
 struct DataDirectory: Sendable {
     let root: String
 
+    /// A directory holding a manifest and an engine's files.
+    struct Place: Sendable {
+        /// The directory it lives in.
+        var parent: String
+        var name: String
+
+        var path: String { parent + "/" + name }
+        var engineDirectory: String { path + "/data" }
+        var manifestPath: String { path + "/manifest" }
+    }
+
     var storesDirectory: String { root + "/stores" }
 
-    func storeDirectory(_ name: String) -> String { storesDirectory + "/" + name }
+    func store(_ name: String) -> Place { Place(parent: storesDirectory, name: name) }
 
-    func engineDirectory(_ name: String) -> String { storeDirectory(name) + "/data" }
+    func values(_ namespace: Namespace) -> Place {
+        Place(parent: root, name: namespace == .secureValue ? "secure-values" : "values")
+    }
 
     /// Creates the root and the stores directory (mode 0700) if missing.
     func prepare() throws(WireError) {
@@ -31,38 +47,39 @@ struct DataDirectory: Sendable {
             .sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
     }
 
-    /// The manifest of store `name`, or `nil` when it has no directory.
-    func manifest(_ name: String) throws(WireError) -> Manifest? {
-        guard let text = try FileOps.readSmallFile(storeDirectory(name) + "/manifest") else { return nil }
+    /// The manifest of `place`, or `nil` when it has no directory.
+    func manifest(_ place: Place) throws(WireError) -> Manifest? {
+        guard let text = try FileOps.readSmallFile(place.manifestPath) else { return nil }
         guard let manifest = Manifest(text: text) else {
-            throw WireError(
-                .engineError, "the manifest of store \(name) (\(storeDirectory(name))/manifest) cannot be read")
+            throw WireError(.engineError, "the manifest \(place.manifestPath) cannot be read")
         }
         return manifest
     }
 
-    /// Creates the directory of store `name` with its manifest, atomically.
-    func create(_ name: String, manifest: Manifest) throws(WireError) {
-        let staging = storesDirectory + "/.new-\(name)-\(UInt32.random(in: 0...UInt32.max))"
+    /// Creates `place` with its manifest, atomically.
+    func create(_ place: Place, manifest: Manifest) throws(WireError) {
+        let staging = place.parent + "/.new-\(place.name)-\(UInt32.random(in: 0...UInt32.max))"
         try FileOps.makeDirectory(staging, recursive: false)
         try FileOps.makeDirectory(staging + "/data", recursive: false)
         try FileOps.writeDurably(staging + "/manifest", manifest.text)
-        try FileOps.rename(staging, storeDirectory(name))
-        try FileOps.syncDirectory(storesDirectory)
+        try FileOps.rename(staging, place.path)
+        try FileOps.syncDirectory(place.parent)
     }
 
-    /// Deletes the directory of store `name`: renamed away first, so a crash never leaves half a store.
-    func remove(_ name: String) throws(WireError) {
-        let doomed = storesDirectory + "/.dropped-\(name)-\(UInt32.random(in: 0...UInt32.max))"
-        try FileOps.rename(storeDirectory(name), doomed)
-        try FileOps.syncDirectory(storesDirectory)
+    /// Deletes `place`: renamed away first, so a crash never leaves half of it.
+    func remove(_ place: Place) throws(WireError) {
+        let doomed = place.parent + "/.dropped-\(place.name)-\(UInt32.random(in: 0...UInt32.max))"
+        try FileOps.rename(place.path, doomed)
+        try FileOps.syncDirectory(place.parent)
         try FileOps.removeTree(doomed)
     }
 
     /// Deletes leftovers of interrupted creates and drops.
     func removeLeftovers() throws(WireError) {
-        for entry in try FileOps.list(storesDirectory) where entry.hasPrefix(".new-") || entry.hasPrefix(".dropped-") {
-            try FileOps.removeTree(storesDirectory + "/" + entry)
+        for parent in [root, storesDirectory] {
+            for entry in try FileOps.list(parent) where entry.hasPrefix(".new-") || entry.hasPrefix(".dropped-") {
+                try FileOps.removeTree(parent + "/" + entry)
+            }
         }
     }
 }

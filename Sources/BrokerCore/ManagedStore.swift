@@ -109,45 +109,29 @@ final class ManagedStore: Sendable {
         if let failure { throw failure }
     }
 
+    private var place: EnginePlace {
+        EnginePlace(environment: environment, place: environment.directory.store(name), storeName: name)
+    }
+
     private func load() async {
         do throws(WireError) {
-            var contents = StoreContents()
-            var sequence: UInt64 = 0
-            var engine: (any StorageEngine)?
-            var engineStore: (any EngineStore)?
-            let manifest = try environment.directory.manifest(name)
-            if let manifest {
-                let found = try environment.engines.engine(named: manifest.engine)
-                let opened = try await Self.engineCall(found.name) { () throws(EngineFailure) in
-                    try await found.open(
-                        directory: self.environment.directory.engineDirectory(self.name), store: self.name,
-                        options: self.environment.configuration.engineOptions[found.name] ?? [:])
-                }
-                do throws(WireError) {
-                    let records = try await Self.engineCall(found.name) { () throws(EngineFailure) in
-                        try await opened.scanAll()
-                    }
-                    contents = StoreContents(records: records.map(ItemRecord.init(engineRecord:)))
-                } catch {
-                    await opened.close()
-                    throw error
-                }
-                sequence = opened.openedSequence
-                engine = found
-                engineStore = opened
+            let loaded = try await place.load()
+            let contents = StoreContents(records: loaded?.records.map(ItemRecord.init(engineRecord:)) ?? [])
+            let sequence = loaded?.store.openedSequence ?? 0
+            if let loaded {
                 logger.debug(
                     "store loaded",
-                    metadata: ["engine": "\(found.name)", "items": "\(contents.count)", "sequence": "\(sequence)"])
+                    metadata: ["engine": "\(loaded.engine.name)", "items": "\(contents.count)", "sequence": "\(sequence)"])
             }
             let waiting = state.withLock { state in
                 state.contents = contents
                 state.sequence = sequence
                 // A store whose directory exists but that never committed (a crash between the two) does not
                 // exist yet; its first commit keeps the manifest's epoch.
-                state.epoch = sequence > 0 ? (manifest?.epoch ?? 0) : 0
-                state.manifest = manifest
-                state.engine = engine
-                state.engineStore = engineStore
+                state.epoch = sequence > 0 ? (loaded?.manifest.epoch ?? 0) : 0
+                state.manifest = loaded?.manifest
+                state.engine = loaded?.engine
+                state.engineStore = loaded?.store
                 state.phase = .ready
                 defer { state.waiting = [] }
                 return state.waiting
@@ -445,7 +429,7 @@ final class ManagedStore: Sendable {
         }
         do throws(WireError) {
             let store = try await engineStore(engine, epoch: epoch)
-            try await Self.engineCall(engine.name) { () throws(EngineFailure) in
+            try await EnginePlace.engineCall { () throws(EngineFailure) in
                 try await store.apply(steps, sequence: finalSequence)
             }
         } catch {
@@ -496,21 +480,15 @@ final class ManagedStore: Sendable {
 
     /// The open engine store, creating the store (directory, manifest, engine files) on its first commit.
     private func engineStore(_ engine: any StorageEngine, epoch: UInt64) async throws(WireError) -> any EngineStore {
-        let (open, manifest) = state.withLock { ($0.engineStore, $0.manifest) }
+        let (open, existing) = state.withLock { ($0.engineStore, $0.manifest) }
         if let open { return open }
-        let created = manifest ?? Manifest(engine: engine.name, epoch: epoch)
-        if manifest == nil { try environment.directory.create(name, manifest: created) }
-        let store = try await Self.engineCall(engine.name) { () throws(EngineFailure) in
-            try await engine.open(
-                directory: self.environment.directory.engineDirectory(self.name), store: self.name,
-                options: self.environment.configuration.engineOptions[engine.name] ?? [:])
-        }
+        let (manifest, store) = try await place.create(engine: engine, existing: existing, epoch: epoch)
         state.withLock { state in
-            state.manifest = created
+            state.manifest = manifest
             state.engine = engine
             state.engineStore = store
         }
-        logger.info("store created", metadata: ["engine": "\(engine.name)", "epoch": "\(created.epoch)"])
+        logger.info("store created", metadata: ["engine": "\(engine.name)", "epoch": "\(manifest.epoch)"])
         return store
     }
 
@@ -529,12 +507,7 @@ final class ManagedStore: Sendable {
             }
             let dropper: any StorageEngine
             if let engine { dropper = engine } else { dropper = try environment.engines.engine(named: manifest.engine) }
-            try await Self.engineCall(dropper.name) { () throws(EngineFailure) in
-                try await dropper.drop(
-                    directory: self.environment.directory.engineDirectory(self.name), store: self.name,
-                    options: self.environment.configuration.engineOptions[dropper.name] ?? [:])
-            }
-            try environment.directory.remove(name)
+            try await place.drop(engine: dropper)
         } catch {
             logger.error("drop failed: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
             // Reload from whatever is left before the next request.
@@ -578,17 +551,6 @@ final class ManagedStore: Sendable {
             return state.engineStore
         }
         await store?.close()
-    }
-
-    /// Maps an engine's failure to the wire's error codes.
-    static func engineCall<T>(
-        _ engine: String, _ body: () async throws(EngineFailure) -> T
-    ) async throws(WireError) -> T {
-        do throws(EngineFailure) {
-            return try await body()
-        } catch {
-            throw WireError(error.code == .full ? .storageFull : .engineError, error.description)
-        }
     }
 }
 
