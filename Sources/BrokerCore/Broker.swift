@@ -46,24 +46,44 @@ public protocol EngineProvider: Sendable {
     func engineList() -> [EngineInfo]
 }
 
-/// The stores of one data directory and the requests on them, with no networking.
+/// The stores and values of one data directory and the requests on them, with no networking.
 ///
-/// Every method answers through `reply`, once, possibly on another thread and possibly before it returns.
-/// Requests are carried out in the order they are submitted per store (writes keep that order in their
-/// sequences); reads answer from memory.
+/// Every request passes the interceptor chain, then reaches its store or value namespace; `reply` is called
+/// once, possibly on another thread and possibly before `handle` returns. Requests are carried out in the
+/// order they are submitted per store (writes keep that order in their sequences); reads answer from memory.
 public final class Broker: Sendable {
     public let configuration: BrokerConfiguration
+    public let interceptors: [any RequestInterceptor]
     private let environment: StoreEnvironment
     private let stores = Mutex<[String: ManagedStore]>([:])
+    private let values: ValueSpace
+    private let secureValues: ValueSpace
 
-    /// Prepares the data directory (creating it with mode 0700 if missing).
-    public init(configuration: BrokerConfiguration, engines: any EngineProvider, logger: Logger) throws(WireError) {
+    /// The built-in chain, in order: request logging (sees every request, rejected ones too), access control
+    /// (`--allow-uid`), then the size and naming limits.
+    public static func standardInterceptors(configuration: BrokerConfiguration, logger: Logger) -> [any RequestInterceptor] {
+        [
+            RequestLogInterceptor(logger: logger), AccessInterceptor(),
+            LimitsInterceptor(maxItemLength: configuration.maxItemLength, maxBatch: configuration.maxBatch),
+        ]
+    }
+
+    /// Prepares the data directory (creating it with mode 0700 if missing). Without a `sealer`, secure
+    /// values are refused (`notSupported`).
+    public init(
+        configuration: BrokerConfiguration, engines: any EngineProvider, logger: Logger,
+        interceptors: [any RequestInterceptor]? = nil, sealer: (any ValueSealer)? = nil
+    ) throws(WireError) {
         self.configuration = configuration
+        self.interceptors = interceptors ?? Self.standardInterceptors(configuration: configuration, logger: logger)
         let directory = DataDirectory(root: configuration.dataDirectory)
         try directory.prepare()
         try directory.removeLeftovers()
-        self.environment = StoreEnvironment(
+        let environment = StoreEnvironment(
             directory: directory, engines: engines, configuration: configuration, logger: logger)
+        self.environment = environment
+        values = ValueSpace(namespace: .value, environment: environment, sealer: nil)
+        secureValues = ValueSpace(namespace: .secureValue, environment: environment, sealer: sealer)
     }
 
     private func store(_ name: String) -> ManagedStore {
@@ -75,20 +95,40 @@ public final class Broker: Sendable {
         }
     }
 
-    /// Carries out `request` (anything but `hello`, `subscribe` and `unsubscribe`).
-    public func handle(_ request: ClientMessage, reply: @escaping Reply) {
-        do throws(WireError) {
-            try RequestLimits(configuration).check(request)
-        } catch {
-            return reply(.failure(error))
+    private func valueSpace(_ namespace: Namespace) -> ValueSpace { namespace == .secureValue ? secureValues : values }
+
+    /// Carries out `request` (anything but `hello`) for a peer. A `subscribe` needs the `subscription` its
+    /// pushes will be queued in; an `unsubscribe` is the connection's business (`unsubscribe(_:)`).
+    public func handle(
+        _ request: ClientMessage, context: RequestContext = .owner, subscription: Subscription? = nil,
+        reply: @escaping Reply
+    ) {
+        let interceptors = interceptors
+        let start = ContinuousClock.now
+        let finish: Reply = { outcome in
+            let duration = ContinuousClock.now - start
+            for interceptor in interceptors {
+                interceptor.observe(request, context: context, outcome: outcome, duration: duration)
+            }
+            reply(outcome)
         }
+        for interceptor in interceptors {
+            if let error = interceptor.check(request, context: context) { return finish(.failure(error)) }
+        }
+        perform(request, context: context, subscription: subscription, reply: finish)
+    }
+
+    private func perform(
+        _ request: ClientMessage, context: RequestContext, subscription: Subscription?, reply: @escaping Reply
+    ) {
         switch request {
         case .ping: reply(.success(.pong(.init())))
         case .listEngines: reply(.success(.engineList(.init(elements: environment.engines.engineList()))))
         case .listStores:
             Task {
                 do throws(WireError) {
-                    reply(.success(.storeList(.init(elements: try await self.storeInfos()))))
+                    let visible = try await self.storeInfos().filter { context.grant.allows($0.name, write: false) }
+                    reply(.success(.storeList(.init(elements: visible))))
                 } catch {
                     reply(.failure(error))
                 }
@@ -103,9 +143,21 @@ public final class Broker: Sendable {
         case .removeAll(let m): submit(m.store, .write(.removeAll), m.condition, reply)
         case .chain(let m): submit(m.store, .write(.chain(m.steps)), m.condition, reply)
         case .drop(let m): submit(m.store, .drop, m.condition, reply)
-        case .getValue, .setValue, .resetValue:
-            reply(.failure(WireError(.notSupported, "values and secure values are not supported by this broker yet")))
-        case .hello, .subscribe, .unsubscribe:
+        case .getValue(let m): valueSpace(m.namespace).get(m.name, reply)
+        case .setValue(let m):
+            valueSpace(m.namespace).submit(.init(name: m.name, value: m.value.bytes, condition: m.condition, reply: reply))
+        case .resetValue(let m):
+            valueSpace(m.namespace).submit(.init(name: m.name, value: nil, condition: m.condition, reply: reply))
+        case .subscribe(let m):
+            guard let subscription, subscription.namespace == m.namespace, subscription.name == m.name else {
+                return reply(.failure(WireError(.internalError, "a subscribe reached the broker without its subscription")))
+            }
+            if m.namespace == .store {
+                store(m.name).subscribe(subscription, start: m.start, reply)
+            } else {
+                valueSpace(m.namespace).subscribe(subscription, start: m.start, reply)
+            }
+        case .hello, .unsubscribe:
             reply(.failure(WireError(.unexpectedMessage, "\(request.type.name) is handled by the connection")))
         }
     }
@@ -126,22 +178,15 @@ public final class Broker: Sendable {
         return infos
     }
 
-    /// Starts `subscription` on its store: answered by `subscribed`, its pushes queued in the subscription.
-    public func subscribe(_ subscription: Subscription, start: SubscriptionStart, reply: @escaping Reply) {
-        guard subscription.namespace == .store else {
-            return reply(
-                .failure(WireError(.notSupported, "values and secure values are not supported by this broker yet")))
-        }
-        if let problem = Naming.problem(withName: subscription.name) {
-            return reply(.failure(WireError(.invalidName, "invalid store name: \(problem)")))
-        }
-        store(subscription.name).subscribe(subscription, start: start, reply)
-    }
-
     /// Ends `subscription`; no push of it is queued afterwards.
     public func unsubscribe(_ subscription: Subscription) {
-        let store = stores.withLock { $0[subscription.name] }
-        if let store { store.unsubscribe(subscription) } else { subscription.cancel() }
+        switch subscription.namespace {
+        case .store:
+            let store = stores.withLock { $0[subscription.name] }
+            if let store { store.unsubscribe(subscription) } else { subscription.cancel() }
+        case .value, .secureValue:
+            valueSpace(subscription.namespace).unsubscribe(subscription)
+        }
     }
 
     /// Refuses new writes, finishes the queued ones and closes every engine store.
@@ -149,6 +194,8 @@ public final class Broker: Sendable {
         let all = stores.withLock { Array($0.values) }
         await withTaskGroup(of: Void.self) { group in
             for store in all { group.addTask { await store.shutdown() } }
+            group.addTask { await self.values.shutdown() }
+            group.addTask { await self.secureValues.shutdown() }
         }
     }
 }

@@ -79,22 +79,26 @@ public final class BrokerDaemon: Sendable {
     public static func start(configuration: ServerConfiguration, logger: Logger) async throws(DaemonError) -> BrokerDaemon
     {
         let socketPath = configuration.socketPath
-        try DaemonPaths.prepareSocketDirectory(for: socketPath, mode: 0o700)
-        switch DaemonPaths.occupant(of: socketPath) {
-        case .liveDaemon:
-            throw DaemonError("a storebrokerd is already listening on \(socketPath)")
-        case .notASocket:
-            throw DaemonError("\(socketPath) exists and is not a socket; refusing to replace it")
-        case .staleSocket:
-            logger.info("replacing a stale socket", metadata: ["socket": "\(socketPath)"])
-        case .nothing:
-            break
+        let shared = !configuration.allowRules.isEmpty
+        if configuration.inheritedSocket == nil {
+            try DaemonPaths.prepareSocketDirectory(for: socketPath, mode: shared ? 0o711 : 0o700)
+            switch DaemonPaths.occupant(of: socketPath) {
+            case .liveDaemon:
+                throw DaemonError("a storebrokerd is already listening on \(socketPath)")
+            case .notASocket:
+                throw DaemonError("\(socketPath) exists and is not a socket; refusing to replace it")
+            case .staleSocket:
+                logger.info("replacing a stale socket", metadata: ["socket": "\(socketPath)"])
+            case .nothing:
+                break
+            }
         }
 
         let dataDirectory = configuration.broker.dataDirectory
         guard dataDirectory.hasPrefix("/") else { throw DaemonError("the data directory must be absolute: \(dataDirectory)") }
         try DaemonPaths.makeDirectories(dataDirectory)
         let lock = LockHolder(try DataDirectoryLock(directory: dataDirectory))
+        let sealer = try KeyFileSealer.load(dataDirectory: dataDirectory)
 
         let loader = EngineLoader(
             searchPath: .standard(
@@ -105,49 +109,62 @@ public final class BrokerDaemon: Sendable {
 
         let broker: Broker
         do {
-            broker = try Broker(configuration: configuration.broker, engines: engines, logger: logger)
+            broker = try Broker(configuration: configuration.broker, engines: engines, logger: logger, sealer: sealer)
         } catch {
             throw DaemonError("cannot prepare the data directory \(dataDirectory): \(error.message)")
         }
 
-        // Bind a temporary name in the same directory, then rename it into place.
-        let temporary = DaemonPaths.parent(of: socketPath) + "/.storebrokerd-\(getpid()).sock"
-        guard temporary.utf8.count <= SocketPath.maxLength else {
-            throw DaemonError("the socket path is too long to bind beside it (\(temporary))")
-        }
-        unlink(temporary)
         let registry = ConnectionRegistry()
+        let policy = AccessPolicy(ownUID: getuid(), rules: configuration.allowRules)
+        let bootstrap = makeBootstrap(
+            configuration: configuration, broker: broker, policy: policy, registry: registry, logger: logger)
         let serverChannel: any Channel
-        do {
-            serverChannel = try await makeBootstrap(configuration: configuration, broker: broker, registry: registry, logger: logger)
-                .bind(unixDomainSocketPath: temporary).get()
-        } catch {
-            throw DaemonError("cannot listen on \(temporary): \(error)")
-        }
-        guard chmod(temporary, 0o600) == 0, rename(temporary, socketPath) == 0 else {
-            let reason = DaemonPaths.errorText()
+        if let inherited = configuration.inheritedSocket {
+            do {
+                serverChannel = try await bootstrap.withBoundSocket(inherited).get()
+            } catch {
+                throw DaemonError("cannot use the socket handed over by systemd (fd \(inherited)): \(error)")
+            }
+        } else {
+            // Bind a temporary name in the same directory, then rename it into place.
+            let temporary = DaemonPaths.parent(of: socketPath) + "/.storebrokerd-\(getpid()).sock"
+            guard temporary.utf8.count <= SocketPath.maxLength else {
+                throw DaemonError("the socket path is too long to bind beside it (\(temporary))")
+            }
             unlink(temporary)
-            try? await serverChannel.close()
-            throw DaemonError("cannot put the socket in place at \(socketPath): \(reason)")
+            do {
+                serverChannel = try await bootstrap.bind(unixDomainSocketPath: temporary).get()
+            } catch {
+                throw DaemonError("cannot listen on \(temporary): \(error)")
+            }
+            guard chmod(temporary, shared ? 0o666 : 0o600) == 0, rename(temporary, socketPath) == 0 else {
+                let reason = DaemonPaths.errorText()
+                unlink(temporary)
+                try? await serverChannel.close()
+                throw DaemonError("cannot put the socket in place at \(socketPath): \(reason)")
+            }
         }
         logger.info(
             "storebrokerd ready",
             metadata: [
-                "socket": "\(socketPath)", "data": "\(dataDirectory)", "engine": "\(configuration.broker.defaultEngine)",
+                "socket": "\(configuration.inheritedSocket.map { "fd \($0) from systemd" } ?? socketPath)",
+                "data": "\(dataDirectory)", "engine": "\(configuration.broker.defaultEngine)",
                 "version": "\(StoreBrokerVersion.string)",
+                "allow": "\(configuration.allowRules.map(\.description).joined(separator: ","))",
             ])
         if configuration.dbus != .disabled {
             logger.notice("D-Bus signals are not implemented in this build; running as with --no-dbus")
         }
         return BrokerDaemon(
             configuration: configuration, broker: broker, logger: logger, serverChannel: serverChannel,
-            registry: registry, lock: lock, socketInode: DaemonPaths.inode(of: socketPath))
+            registry: registry, lock: lock,
+            socketInode: configuration.inheritedSocket == nil ? DaemonPaths.inode(of: socketPath) : nil)
     }
 
     private static func makeBootstrap(
-        configuration: ServerConfiguration, broker: Broker, registry: ConnectionRegistry, logger: Logger
+        configuration: ServerConfiguration, broker: Broker, policy: AccessPolicy, registry: ConnectionRegistry,
+        logger: Logger
     ) -> ServerBootstrap {
-        let ownUID = getuid()
         let limits = configuration.limits
         let subscriberBuffer = configuration.broker.subscriberBuffer
         return ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
@@ -159,20 +176,23 @@ public final class BrokerDaemon: Sendable {
                     var connectionLogger = logger
                     connectionLogger[metadataKey: "peer.pid"] = "\(credentials?.pid ?? 0)"
                     connectionLogger[metadataKey: "peer.uid"] = "\(credentials.map { String($0.uid) } ?? "?")"
-                    guard let credentials, credentials.uid == ownUID || credentials.uid == 0 else {
+                    guard let credentials, let grant = policy.grant(for: credentials.uid) else {
                         connectionLogger.warning("refused a peer of another user")
                         let error = WireError(
                             .permissionDenied,
-                            "this broker serves uid \(ownUID) only; uid \(credentials.map { String($0.uid) } ?? "unknown") is not allowed")
+                            "uid \(credentials.map { String($0.uid) } ?? "unknown") is not allowed on this broker "
+                                + "(it serves uid \(policy.ownUID)\(policy.rules.isEmpty ? "" : " and the --allow-uid rules"))")
                         return channel.eventLoop.makeCompletedFuture {
                             try channel.pipeline.syncOperations.addHandler(RefusingHandler(error: error))
                         }
                     }
+                    let context = RequestContext(
+                        peer: Peer(uid: credentials.uid, pid: credentials.pid), grant: grant, clientName: "")
                     return channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(
                             ConnectionHandler(
                                 broker: broker, limits: limits, subscriberBuffer: subscriberBuffer,
-                                registry: registry, logger: connectionLogger))
+                                registry: registry, context: context, logger: connectionLogger))
                     }
                 }
             }

@@ -22,6 +22,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private let limits: ServerSession.Limits
     private let subscriberBuffer: Int
     private let registry: ConnectionRegistry
+    private var requestContext: RequestContext
     private var logger: Logger
     private var session: ServerSession
     private var input = ByteBuffer()
@@ -58,9 +59,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
         var request: ClientMessage
     }
 
-    init(broker: Broker, limits: ServerSession.Limits, subscriberBuffer: Int, registry: ConnectionRegistry, logger: Logger)
-    {
+    init(
+        broker: Broker, limits: ServerSession.Limits, subscriberBuffer: Int, registry: ConnectionRegistry,
+        context: RequestContext, logger: Logger
+    ) {
         self.broker = broker
+        self.requestContext = context
         self.limits = limits
         self.subscriberBuffer = subscriberBuffer
         self.registry = registry
@@ -145,6 +149,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 case .reply(let welcome):
                     if case .established(let version, let name) = session.state {
                         logger[metadataKey: "client"] = "\(name)"
+                        requestContext.clientName = name
                         logger.debug("handshake done", metadata: ["protocol": "\(version)"])
                     }
                     context.write(wrapOutboundOut(welcome), promise: nil)
@@ -203,7 +208,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 wake: { loop.eventLoop.execute { loop.value.drainSubscriptions() } })
             subscriptions[subscriptionID] = subscription
             slots[Int(slot - base)].opensSubscription = subscriptionID
-            broker.subscribe(subscription, start: subscribe.start, reply: replier(slot: slot, id: id, write: false))
+            broker.handle(
+                request, context: requestContext, subscription: subscription,
+                reply: replier(slot: slot, id: id, write: false))
         case .unsubscribe(let unsubscribe):
             if let subscription = subscriptions.removeValue(forKey: unsubscribe.subscriptionID) {
                 flowing.remove(unsubscribe.subscriptionID)
@@ -216,7 +223,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             }
         default:
             if request.isWrite { openWrites.insert(slot) }
-            broker.handle(request, reply: replier(slot: slot, id: id, write: request.isWrite))
+            broker.handle(request, context: requestContext, reply: replier(slot: slot, id: id, write: request.isWrite))
         }
     }
 

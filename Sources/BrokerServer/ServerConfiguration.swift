@@ -17,6 +17,12 @@ public struct ServerConfiguration: Sendable {
     public var maxInFlight: Int
     /// D-Bus: the session bus, a given address, or off.
     public var dbus: DBusSetting
+    /// `--allow-uid`: other users and what they may reach. With any, the socket's directory is created with
+    /// mode 0711 and the socket gets 0666; `SO_PEERCRED` decides who is served.
+    public var allowRules: [AccessRule]
+    /// A listening socket handed over by systemd (`LISTEN_FDS`): used instead of binding `socketPath`, and
+    /// never unlinked.
+    public var inheritedSocket: Int32?
 
     public enum DBusSetting: Hashable, Sendable {
         case sessionBus
@@ -27,7 +33,8 @@ public struct ServerConfiguration: Sendable {
     public init(
         socketPath: String, broker: BrokerConfiguration, engineDirectories: [String] = [],
         environmentEnginePath: String? = nil, maxFrameLength: Int = WireProtocol.defaultMaxFrameLength,
-        maxInFlight: Int = 128, dbus: DBusSetting = .sessionBus
+        maxInFlight: Int = 128, dbus: DBusSetting = .sessionBus, allowRules: [AccessRule] = [],
+        inheritedSocket: Int32? = nil
     ) {
         self.socketPath = socketPath
         self.broker = broker
@@ -36,6 +43,8 @@ public struct ServerConfiguration: Sendable {
         self.maxFrameLength = maxFrameLength
         self.maxInFlight = maxInFlight
         self.dbus = dbus
+        self.allowRules = allowRules
+        self.inheritedSocket = inheritedSocket
     }
 
     var limits: ServerSession.Limits {

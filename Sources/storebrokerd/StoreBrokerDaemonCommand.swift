@@ -57,7 +57,10 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
 
     @Option(
         name: .customLong("allow-uid"),
-        help: ArgumentHelp("Admit another user (not supported by this build yet).", valueName: "uid[:glob[:ro]]"))
+        help: ArgumentHelp(
+            "Admit another user (a uid or user name) to every store and value, or to those matching GLOB, read-only "
+                + "with :ro (repeatable). Secure values stay this user's. The socket becomes 0666, its new directory 0711.",
+            valueName: "uid[:glob[:ro]]"))
     var allowUIDs: [String] = []
 
     @Option(help: ArgumentHelp("Commits kept per store for subscribers that resume.", valueName: "n"))
@@ -96,7 +99,9 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
-        if !allowUIDs.isEmpty { throw ValidationError("--allow-uid is not supported by this build yet") }
+        for rule in allowUIDs where AccessRule(parsing: rule) == nil {
+            throw ValidationError("--allow-uid takes UID[:GLOB[:ro]] (a uid or a user name), got \(rule)")
+        }
         if dbusAddress != nil, noDBus { throw ValidationError("--dbus-address and --no-dbus exclude each other") }
         for (name, value) in [("--history", history), ("--subscriber-buffer", subscriberBuffer)] where value < 0 {
             throw ValidationError("\(name) cannot be negative")
@@ -147,13 +152,29 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
             engineDirectories: enginePaths.map(absolute),
             environmentEnginePath: environment["STOREBROKER_ENGINE_PATH"],
             maxFrameLength: maxFrame, maxInFlight: maxInFlight,
-            dbus: noDBus ? .disabled : dbusAddress.map { .address($0) } ?? .sessionBus)
+            dbus: noDBus ? .disabled : dbusAddress.map { .address($0) } ?? .sessionBus,
+            allowRules: allowUIDs.compactMap(AccessRule.init(parsing:)),
+            inheritedSocket: Self.socketFromSystemd(environment))
         do {
             try await BrokerDaemon.run(configuration: configuration, logger: logger)
         } catch {
             FileHandle.standardError.write(Data("storebrokerd: \(error.message)\n".utf8))
             throw ExitCode(1)
         }
+    }
+
+    /// Socket activation (sd_listen_fds): `LISTEN_PID` is this process and `LISTEN_FDS` at least 1, so fd 3
+    /// is a listening socket. The variables are removed so that children do not take them for theirs.
+    static func socketFromSystemd(_ environment: [String: String]) -> Int32? {
+        defer {
+            unsetenv("LISTEN_PID")
+            unsetenv("LISTEN_FDS")
+            unsetenv("LISTEN_FDNAMES")
+        }
+        guard let pid = environment["LISTEN_PID"].flatMap({ Int32($0) }), pid == getpid(),
+            let count = environment["LISTEN_FDS"].flatMap({ Int($0) }), count >= 1
+        else { return nil }
+        return 3
     }
 
     private func absolute(_ path: String) -> String {

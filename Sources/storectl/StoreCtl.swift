@@ -25,12 +25,12 @@ struct StoreCtl: AsyncParsableCommand {
         version: "storectl \(StoreBrokerVersion.string)",
         subcommands: [
             Ping.self, Insert.self, Remove.self, Clear.self, Drop.self, Apply.self, Query.self, Count.self,
-            Stores.self, Engines.self, Watch.self,
+            Stores.self, Engines.self, Watch.self, ValueCommand.self, SecretCommand.self,
         ]
     )
 
-    /// `storectl --socket PATH COMMAND ...`: global options may come before the command; they are moved after
-    /// it, where the command's own `GlobalOptions` reads them.
+    /// `storectl --socket PATH COMMAND ...`: global options may come before the command; they are moved to the
+    /// end (before a `--`), where the command's own `GlobalOptions` reads them, however deep the command is.
     static func main() async {
         var arguments = Array(CommandLine.arguments.dropFirst())
         var hoisted: [String] = []
@@ -38,10 +38,10 @@ struct StoreCtl: AsyncParsableCommand {
             hoisted.append(arguments.removeFirst())
             if first == "--socket", !arguments.isEmpty { hoisted.append(arguments.removeFirst()) }
         }
-        if !hoisted.isEmpty, !arguments.isEmpty {
-            arguments.insert(contentsOf: hoisted, at: 1)
+        if arguments.isEmpty {
+            arguments = hoisted
         } else {
-            arguments = hoisted + arguments
+            arguments.insert(contentsOf: hoisted, at: arguments.firstIndex(of: "--") ?? arguments.endIndex)
         }
         await Self.main(arguments)
     }

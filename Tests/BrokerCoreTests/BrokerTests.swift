@@ -87,7 +87,9 @@ private func sequence(of result: Result<ServerMessage, WireError>) -> UInt64? {
         try await withBroker { broker, engine in
             _ = await ask(broker, .insert(.init(store: "s", items: [item("x"), item("y")])))
             let subscription = Subscription(id: 1, namespace: .store, name: "s", capacity: 100, wake: {})
-            _ = await withCheckedContinuation { c in broker.subscribe(subscription, start: .snapshot) { c.resume(returning: $0) } }
+            _ = await withCheckedContinuation { c in
+                broker.handle(.subscribe(.init(name: "s")), subscription: subscription) { c.resume(returning: $0) }
+            }
             let result = await ask(
                 broker,
                 .chain(.init(store: "s", steps: [.removeAll, .insert(items: [item("a"), item("b")]), .remove(ids: ["a", "q"]), .insert(items: [item("a")])])))

@@ -154,7 +154,8 @@ extension Integration {
                     (["--engine-option", "nonsense"], "NAME.KEY=VALUE"),
                     (["--engine", "nonexistent"], "nonexistent"),
                     (["--log-level", "loud"], "--log-level"),
-                    (["--allow-uid", "1000"], "not supported"),
+                    (["--allow-uid", "1000:notes:rw"], "--allow-uid takes UID[:GLOB[:ro]]"),
+                    (["--allow-uid", "no-such-user-here"], "--allow-uid takes UID[:GLOB[:ro]]"),
                 ]
                 for (extra, message) in cases {
                     let daemon = try ChildProcess(

@@ -1,0 +1,324 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Logging
+import Wire
+
+// The interceptor chain (ComposeStore's idea): every request passes through an ordered list of interceptors
+// before it reaches a store. Each may let it pass, reject it with a typed error, and observe what came of it.
+//
+// Adding one: write a type that conforms to `RequestInterceptor`, then hand the broker a chain that includes
+// it (`Broker(configuration:engines:logger:interceptors:)`, starting from `Broker.standardInterceptors`).
+// `check` runs on the connection's event loop for every request: it must be quick and must not block.
+
+/// Who sent a request: the peer's credentials, read with SO_PEERCRED when it connected.
+public struct Peer: Hashable, Sendable {
+    public var uid: UInt32
+    public var pid: Int32
+
+    public init(uid: UInt32, pid: Int32) {
+        self.uid = uid
+        self.pid = pid
+    }
+}
+
+/// `--allow-uid UID[:STORE-GLOB[:ro]]`: another user admitted to every store and value (no glob, or `*`), to
+/// those whose names match the glob (`fnmatch`), read-only with `:ro`. Secure values stay the daemon's
+/// user's (and root's) alone.
+public struct AccessRule: Hashable, Sendable, CustomStringConvertible {
+    public var uid: UInt32
+    public var glob: String
+    public var readOnly: Bool
+
+    public init(uid: UInt32, glob: String = "*", readOnly: Bool = false) {
+        self.uid = uid
+        self.glob = glob
+        self.readOnly = readOnly
+    }
+
+    /// Parses `UID[:GLOB[:ro]]`; UID may also be a user name.
+    public init?(parsing text: String) {
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false).map(String.init)
+        guard (1...3).contains(parts.count), !parts[0].isEmpty else { return nil }
+        if let uid = UInt32(parts[0]) {
+            self.uid = uid
+        } else if let entry = getpwnam(parts[0]) {
+            self.uid = entry.pointee.pw_uid
+        } else {
+            return nil
+        }
+        glob = parts.count > 1 && !parts[1].isEmpty ? parts[1] : "*"
+        if parts.count == 3 {
+            guard parts[2] == "ro" else { return nil }
+            readOnly = true
+        } else {
+            readOnly = false
+        }
+    }
+
+    func matches(_ name: String) -> Bool { fnmatch(glob, name, 0) == 0 }
+
+    public var description: String { "\(uid):\(glob)\(readOnly ? ":ro" : "")" }
+}
+
+/// What one connection's peer may do, decided when it connects.
+public struct Grant: Hashable, Sendable {
+    /// The daemon's own user or root: everything.
+    public var isOwner: Bool
+    /// For another user: the rules that admit it.
+    public var rules: [AccessRule]
+
+    public static let owner = Grant(isOwner: true, rules: [])
+
+    public init(isOwner: Bool, rules: [AccessRule]) {
+        self.isOwner = isOwner
+        self.rules = rules
+    }
+
+    /// Whether the peer may read (or, with `write`, change) the store or value `name`.
+    public func allows(_ name: String, write: Bool) -> Bool {
+        isOwner || rules.contains { $0.matches(name) && (!write || !$0.readOnly) }
+    }
+}
+
+/// Who may connect: the daemon's user, root, and the `--allow-uid` rules.
+public struct AccessPolicy: Hashable, Sendable {
+    public var ownUID: UInt32
+    public var rules: [AccessRule]
+
+    public init(ownUID: UInt32, rules: [AccessRule] = []) {
+        self.ownUID = ownUID
+        self.rules = rules
+    }
+
+    /// The grant for a peer of `uid`, or `nil` when it is not admitted at all.
+    public func grant(for uid: UInt32) -> Grant? {
+        if uid == ownUID || uid == 0 { return .owner }
+        let mine = rules.filter { $0.uid == uid }
+        return mine.isEmpty ? nil : Grant(isOwner: false, rules: mine)
+    }
+}
+
+/// Everything an interceptor knows about a request besides the request itself.
+public struct RequestContext: Sendable {
+    public var peer: Peer
+    public var grant: Grant
+    /// The name the client gave in its `hello`.
+    public var clientName: String
+
+    public init(peer: Peer, grant: Grant, clientName: String) {
+        self.peer = peer
+        self.grant = grant
+        self.clientName = clientName
+    }
+
+    /// The daemon itself (tests, the testing product).
+    public static let owner = RequestContext(peer: Peer(uid: getuid(), pid: getpid()), grant: .owner, clientName: "")
+}
+
+/// One link of the chain.
+public protocol RequestInterceptor: Sendable {
+    /// For logs and docs.
+    var name: String { get }
+    /// Before the request goes on: `nil` to let it pass, or the error that answers it (the interceptors after
+    /// this one are not asked).
+    func check(_ request: ClientMessage, context: RequestContext) -> WireError?
+    /// After the request was answered (or rejected, by any interceptor): what it got and how long it took.
+    func observe(
+        _ request: ClientMessage, context: RequestContext, outcome: Result<ServerMessage, WireError>,
+        duration: Duration)
+}
+
+extension RequestInterceptor {
+    public func observe(
+        _ request: ClientMessage, context: RequestContext, outcome: Result<ServerMessage, WireError>,
+        duration: Duration
+    ) {}
+}
+
+/// `--allow-uid`: a peer of another user reaches only the stores and values its rules name, writes only
+/// where they are not read-only, and never reaches secure values.
+public struct AccessInterceptor: RequestInterceptor {
+    public let name = "access"
+    public init() {}
+
+    public func check(_ request: ClientMessage, context: RequestContext) -> WireError? {
+        let grant = context.grant
+        guard !grant.isOwner else { return nil }
+        let target: (namespace: Namespace, name: String)?
+        switch request {
+        case .getValue(let m): target = (m.namespace, m.name)
+        case .setValue(let m): target = (m.namespace, m.name)
+        case .resetValue(let m): target = (m.namespace, m.name)
+        case .subscribe(let m): target = (m.namespace, m.name)
+        default: target = request.storeName.map { (Namespace.store, $0) }
+        }
+        guard let target else { return nil }  // ping, listStores (filtered), listEngines, unsubscribe
+        if target.namespace == .secureValue {
+            return WireError(
+                .permissionDenied, "secure values are only for the daemon's own user; uid \(context.peer.uid) is not")
+        }
+        let what = target.namespace == .store ? "store" : "value"
+        if request.isWrite {
+            guard grant.allows(target.name, write: true) else {
+                let readable = grant.allows(target.name, write: false)
+                return WireError(
+                    .permissionDenied,
+                    "uid \(context.peer.uid) may not change \(what) \(target.name)\(readable ? " (read-only)" : "")")
+            }
+        } else if !grant.allows(target.name, write: false) {
+            return WireError(.permissionDenied, "uid \(context.peer.uid) may not read \(what) \(target.name)")
+        }
+        return nil
+    }
+}
+
+/// `--max-item`, `--max-batch` and the naming rules: valid names and ids, payloads within the size limit,
+/// batches within the count limit. (`--max-frame` is enforced before there is a request at all: the codec
+/// refuses a frame over the limit from its header.)
+public struct LimitsInterceptor: RequestInterceptor {
+    public let name = "limits"
+    public let maxItemLength: Int
+    public let maxBatch: Int
+
+    public init(maxItemLength: Int, maxBatch: Int) {
+        self.maxItemLength = maxItemLength
+        self.maxBatch = maxBatch
+    }
+
+    public func check(_ request: ClientMessage, context: RequestContext) -> WireError? {
+        do throws(WireError) {
+            try checkThrowing(request)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    private func checkThrowing(_ request: ClientMessage) throws(WireError) {
+        if let store = request.storeName { try checkName(store) }
+        switch request {
+        case .insert(let m): try checkItems(m.items, total: m.items.count)
+        case .remove(let m): try checkIDs(m.ids, total: m.ids.count)
+        case .getItems(let m): try checkIDs(m.ids, total: m.ids.count)
+        case .queryRange(let m): if let after = m.after { try checkID(after) }
+        case .listIDs(let m): if let after = m.after { try checkID(after) }
+        case .chain(let m):
+            var total = m.steps.count
+            for step in m.steps {
+                switch step {
+                case .insert(let items): total += items.count
+                case .remove(let ids): total += ids.count
+                case .removeAll: break
+                }
+            }
+            try checkBatch(total)
+            for step in m.steps {
+                switch step {
+                case .insert(let items): try checkItems(items, total: 0)
+                case .remove(let ids): try checkIDs(ids, total: 0)
+                case .removeAll: break
+                }
+            }
+        case .subscribe(let m): try checkName(m.name)
+        case .getValue(let m): try checkValueName(m.name, m.namespace)
+        case .setValue(let m):
+            try checkValueName(m.name, m.namespace)
+            if m.value.count > maxItemLength {
+                throw WireError(.itemTooLarge, "the value is \(m.value.count) bytes; the limit is \(maxItemLength)")
+            }
+        case .resetValue(let m): try checkValueName(m.name, m.namespace)
+        default: break
+        }
+    }
+
+    private func checkValueName(_ name: String, _ namespace: Namespace) throws(WireError) {
+        guard namespace != .store else {
+            throw WireError(.invalidRequest, "value requests take namespace 1 (value) or 2 (secure value)")
+        }
+        try checkName(name)
+    }
+
+    private func checkName(_ name: String) throws(WireError) {
+        if let problem = Naming.problem(withName: name) {
+            throw WireError(.invalidName, "invalid name \(String(name.prefix(64)).debugDescription): \(problem)")
+        }
+    }
+
+    private func checkID(_ id: ItemID) throws(WireError) {
+        if let problem = Naming.problem(withID: id) {
+            throw WireError(.invalidID, "invalid id \(String(id.string.prefix(64)).debugDescription): \(problem)")
+        }
+    }
+
+    private func checkBatch(_ total: Int) throws(WireError) {
+        if total > maxBatch {
+            throw WireError(.batchTooLarge, "the request holds \(total) items, ids or steps; the limit is \(maxBatch)")
+        }
+    }
+
+    private func checkItems(_ items: [Item], total: Int) throws(WireError) {
+        try checkBatch(total)
+        for item in items {
+            try checkID(item.id)
+            if item.payload.count > maxItemLength {
+                throw WireError(
+                    .itemTooLarge,
+                    "item \(String(item.id.string.prefix(64)).debugDescription) is \(item.payload.count) bytes; "
+                        + "the limit is \(maxItemLength)")
+            }
+        }
+    }
+
+    private func checkIDs(_ ids: [ItemID], total: Int) throws(WireError) {
+        try checkBatch(total)
+        for id in ids { try checkID(id) }
+    }
+}
+
+/// At `--log-level debug`: one line per request with who sent it, what it named, what came of it and how
+/// long it took. Never a payload or a value.
+public struct RequestLogInterceptor: RequestInterceptor {
+    public let name = "log"
+    public let logger: Logger
+
+    public init(logger: Logger) {
+        self.logger = logger
+    }
+
+    public func check(_ request: ClientMessage, context: RequestContext) -> WireError? { nil }
+
+    public func observe(
+        _ request: ClientMessage, context: RequestContext, outcome: Result<ServerMessage, WireError>,
+        duration: Duration
+    ) {
+        guard logger.logLevel <= .debug else { return }
+        var metadata: Logger.Metadata = [
+            "request": "\(request.type.name)", "peer.uid": "\(context.peer.uid)", "peer.pid": "\(context.peer.pid)",
+            "client": "\(context.clientName)",
+            "duration.us": "\(duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000)",
+        ]
+        if let name = request.targetName { metadata["name"] = "\(name)" }
+        switch outcome {
+        case .success(.writeResult(let result)):
+            metadata["committed"] = "\(result.committed)"
+            metadata["sequence"] = "\(result.sequence)"
+        case .success: break
+        case .failure(let error): metadata["error.code"] = "\(error.code.name)"
+        }
+        logger.debug("request", metadata: metadata)
+    }
+}
+
+extension ClientMessage {
+    /// The store or value a request names, if any.
+    var targetName: String? {
+        switch self {
+        case .getValue(let m): m.name
+        case .setValue(let m): m.name
+        case .resetValue(let m): m.name
+        case .subscribe(let m): m.name
+        default: storeName
+        }
+    }
+}

@@ -1,0 +1,405 @@
+import DequeModule
+import Logging
+import NIOCore
+import Synchronization
+import Wire
+
+/// Encrypts secure values at rest. The daemon implements it with AES-GCM (swift-crypto); `name` is bound to
+/// the ciphertext, so a sealed value cannot be moved to another name.
+public protocol ValueSealer: Sendable {
+    func seal(_ plaintext: ByteBuffer, name: String) throws(WireError) -> ByteBuffer
+    func open(_ sealed: ByteBuffer, name: String) throws(WireError) -> ByteBuffer
+}
+
+/// Every value of one namespace (values, or secure values): Boutique's @StoredValue across processes.
+///
+/// All values of a namespace live in one engine store (`DATA/values`, `DATA/secure-values`), one record per
+/// name: `u64 sequence, u8 state (0 unset, 1 set), bytes` (sealed for secure values). A reset keeps its record
+/// as "unset" so that the value's sequence keeps counting and an old sequence never matches again. Each value
+/// has its own sequence and events; the namespace has one epoch (its manifest's). Writes queue and are
+/// committed in groups like a store's; reads answer from memory.
+final class ValueSpace: Sendable {
+    let namespace: Namespace
+    private let environment: StoreEnvironment
+    private let sealer: (any ValueSealer)?
+    private let state: Mutex<State>
+
+    private struct Entry {
+        var sequence: UInt64
+        var value: ByteBuffer?
+    }
+
+    private struct State {
+        var loaded = false
+        var loading = false
+        var waiting: [@Sendable (WireError?) -> Void] = []
+        var values: [String: Entry] = [:]
+        /// 0 until the namespace's first commit.
+        var epoch: UInt64 = 0
+        /// The engine store's own sequence: +1 per commit of any value.
+        var commits: UInt64 = 0
+        var manifest: Manifest?
+        var engine: (any StorageEngine)?
+        var engineStore: (any EngineStore)?
+        var subscribers: [String: [ObjectIdentifier: Subscription]] = [:]
+        var pending = Deque<Write>()
+        var writing = false
+        var stopping = false
+        var idleWaiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    struct Write: Sendable {
+        var name: String
+        /// `nil`: reset.
+        var value: ByteBuffer?
+        var condition: Condition
+        var reply: Reply
+    }
+
+    init(namespace: Namespace, environment: StoreEnvironment, sealer: (any ValueSealer)?) {
+        self.namespace = namespace
+        self.environment = environment
+        self.sealer = sealer
+        self.state = Mutex(State())
+    }
+
+    private var isSecure: Bool { namespace == .secureValue }
+
+    private var place: EnginePlace {
+        EnginePlace(
+            environment: environment, place: environment.directory.values(namespace),
+            storeName: isSecure ? "secure-values" : "values")
+    }
+
+    private var logger: Logger {
+        var logger = environment.logger
+        logger[metadataKey: "namespace"] = "\(isSecure ? "secure-values" : "values")"
+        return logger
+    }
+
+    // MARK: Loading
+
+    private func whenLoaded(_ body: @escaping @Sendable (WireError?) -> Void) {
+        let (run, load) = state.withLock { state -> (Bool, Bool) in
+            if state.loaded { return (true, false) }
+            state.waiting.append(body)
+            defer { state.loading = true }
+            return (false, !state.loading)
+        }
+        if run { body(nil) }
+        if load { Task { await self.load() } }
+    }
+
+    private func load() async {
+        do throws(WireError) {
+            let loaded = try await place.load()
+            var values: [String: Entry] = [:]
+            for record in loaded?.records ?? [] {
+                let name = String(decoding: record.key, as: UTF8.self)
+                values[name] = try decode(record.payload, name: name)
+            }
+            let waiting = state.withLock { state in
+                state.values = values
+                state.commits = loaded?.store.openedSequence ?? 0
+                state.epoch = state.commits > 0 ? (loaded?.manifest.epoch ?? 0) : 0
+                state.manifest = loaded?.manifest
+                state.engine = loaded?.engine
+                state.engineStore = loaded?.store
+                state.loaded = true
+                state.loading = false
+                defer { state.waiting = [] }
+                return state.waiting
+            }
+            for body in waiting { body(nil) }
+            startWriterIfNeeded()
+        } catch {
+            logger.error("cannot load: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
+            let (waiting, writes) = state.withLock { state in
+                state.loading = false
+                defer {
+                    state.waiting = []
+                    state.pending = []
+                }
+                return (state.waiting, Array(state.pending))
+            }
+            for body in waiting { body(error) }
+            for write in writes { write.reply(.failure(error)) }
+        }
+    }
+
+    /// A record's payload: `u64 sequence, u8 state, bytes`.
+    private func encode(_ entry: Entry, name: String) throws(WireError) -> ByteBuffer {
+        var out = ByteBuffer()
+        out.writeInteger(entry.sequence)
+        if let value = entry.value {
+            out.writeInteger(UInt8(1))
+            var stored = value
+            if let sealer { stored = try sealer.seal(value, name: name) }
+            out.writeBuffer(&stored)
+        } else {
+            out.writeInteger(UInt8(0))
+        }
+        return out
+    }
+
+    private func decode(_ payload: ByteBuffer, name: String) throws(WireError) -> Entry {
+        var payload = payload
+        guard let sequence = payload.readInteger(as: UInt64.self), let tag = payload.readInteger(as: UInt8.self),
+            tag <= 1
+        else {
+            throw WireError(.engineError, "the stored record of value \(name) is corrupt")
+        }
+        guard tag == 1 else { return Entry(sequence: sequence, value: nil) }
+        if let sealer { return Entry(sequence: sequence, value: try sealer.open(payload, name: name)) }
+        return Entry(sequence: sequence, value: payload)
+    }
+
+    // MARK: Reads
+
+    private func state(of entry: Entry?, withheld: Bool) -> ValueState {
+        guard let value = entry?.value else { return .unset }
+        return withheld ? .setWithheld : .set(Payload(value))
+    }
+
+    /// `valueResult`: an unset value answers state `unset`, with its sequence.
+    func get(_ name: String, _ reply: @escaping Reply) {
+        whenLoaded { failure in
+            if let failure { return reply(.failure(failure)) }
+            let answer = self.state.withLock { state in
+                let entry = state.values[name]
+                return ServerMessage.valueResult(
+                    .init(epoch: state.epoch, sequence: entry?.sequence ?? 0, state: self.state(of: entry, withheld: false)))
+            }
+            reply(.success(answer))
+        }
+    }
+
+    func subscribe(_ subscription: Subscription, start: SubscriptionStart, _ reply: @escaping Reply) {
+        whenLoaded { failure in
+            if let failure { return reply(.failure(failure)) }
+            let name = subscription.name
+            self.state.withLock { state in
+                let entry = state.values[name]
+                let sequence = entry?.sequence ?? 0
+                let loaded = ServerMessage.valueLoaded(
+                    .init(epoch: state.epoch, sequence: sequence, state: self.state(of: entry, withheld: self.isSecure)))
+                switch start {
+                case .resume(let epoch, let resumeSequence) where epoch == state.epoch && resumeSequence == sequence:
+                    break  // nothing missed
+                case .resume:
+                    // A value keeps no history but its latest state: anything else is "history gone".
+                    subscription.offer(
+                        .historyGone(.init(epoch: state.epoch, sequence: sequence)), epoch: state.epoch,
+                        sequence: sequence, force: true)
+                    subscription.offer(loaded, epoch: state.epoch, sequence: sequence, force: true)
+                case .snapshot:
+                    subscription.offer(loaded, epoch: state.epoch, sequence: sequence, force: true)
+                }
+                state.subscribers[name, default: [:]][ObjectIdentifier(subscription)] = subscription
+            }
+            reply(.success(.subscribed(.init(subscriptionID: subscription.id))))
+        }
+    }
+
+    func unsubscribe(_ subscription: Subscription) {
+        _ = state.withLock { $0.subscribers[subscription.name]?.removeValue(forKey: ObjectIdentifier(subscription)) }
+        subscription.cancel()
+    }
+
+    // MARK: Writes
+
+    func submit(_ write: Write) {
+        guard isSecure == false || sealer != nil else {
+            return write.reply(.failure(WireError(.notSupported, "this broker has no key for secure values")))
+        }
+        let queued = state.withLock { state -> Bool in
+            guard !state.stopping else { return false }
+            state.pending.append(write)
+            return true
+        }
+        guard queued else { return write.reply(.failure(WireError(.shuttingDown, "the broker is shutting down"))) }
+        whenLoaded { failure in
+            if failure == nil { self.startWriterIfNeeded() }
+        }
+    }
+
+    private func startWriterIfNeeded() {
+        let start = state.withLock { state -> Bool in
+            guard state.loaded, !state.writing, !state.pending.isEmpty else { return false }
+            state.writing = true
+            return true
+        }
+        if start { Task { await self.runWriter() } }
+    }
+
+    private func runWriter() async {
+        while true {
+            let (group, idle) = state.withLock { state -> ([Write], [CheckedContinuation<Void, Never>]) in
+                guard !state.pending.isEmpty else {
+                    state.writing = false
+                    defer { state.idleWaiters = [] }
+                    return ([], state.idleWaiters)
+                }
+                let count = min(state.pending.count, max(1, environment.configuration.maxGroupCommit))
+                defer { state.pending.removeFirst(count) }
+                return (Array(state.pending.prefix(count)), [])
+            }
+            guard !group.isEmpty else {
+                for waiter in idle { waiter.resume() }
+                return
+            }
+            await commit(group)
+        }
+    }
+
+    private enum Outcome {
+        case failed(WireError)
+        case unchanged(sequence: UInt64)
+        case committed(name: String, entry: Entry)
+    }
+
+    private func conflict(_ condition: Condition, name: String, entry: Entry?, epoch: UInt64) -> WireError? {
+        let sequence = entry?.sequence ?? 0
+        let holds: Bool
+        switch condition {
+        case .unconditional: holds = true
+        case .sequence(let expected): holds = expected == sequence
+        case .absent: holds = entry?.value == nil
+        case .epochSequence(let expectedEpoch, let expected): holds = expectedEpoch == epoch && expected == sequence
+        }
+        if holds { return nil }
+        let now = entry?.value == nil ? "is unset (at sequence \(sequence))" : "is set, at sequence \(sequence)"
+        let expected: String
+        switch condition {
+        case .unconditional: expected = "nothing"
+        case .sequence(let expectedSequence): expected = "sequence \(expectedSequence)"
+        case .absent: expected = "it unset"
+        case .epochSequence(let expectedEpoch, let expectedSequence):
+            expected = "sequence \(expectedSequence) in epoch \(expectedEpoch)"
+        }
+        return WireError(.conflict, "\(isSecure ? "secure value" : "value") \(name) \(now); the write expected \(expected)")
+    }
+
+    private func commit(_ writes: [Write]) async {
+        let now = currentTimeMilliseconds()
+        // Plan each write against the values as the writes before it leave them.
+        let plan: Result<(outcomes: [Outcome], steps: [EngineStep], epoch: UInt64, commits: UInt64), WireError> =
+            state.withLock { state in
+                var working: [String: Entry] = [:]
+                var epoch = state.epoch
+                var commits = state.commits
+                var outcomes: [Outcome] = []
+                var steps: [EngineStep] = []
+                do throws(WireError) {
+                    for write in writes {
+                        let entry = working[write.name] ?? state.values[write.name]
+                        if let conflict = conflict(write.condition, name: write.name, entry: entry, epoch: epoch) {
+                            outcomes.append(.failed(conflict))
+                            continue
+                        }
+                        if write.value == entry?.value {
+                            outcomes.append(.unchanged(sequence: entry?.sequence ?? 0))  // same bytes, or reset of unset
+                            continue
+                        }
+                        let next = Entry(sequence: (entry?.sequence ?? 0) + 1, value: write.value)
+                        working[write.name] = next
+                        if commits == 0 { epoch = state.manifest?.epoch ?? Manifest.newEpoch() }
+                        commits += 1
+                        steps.append(
+                            .put(
+                                EngineRecord(
+                                    key: Array(write.name.utf8), payload: try encode(next, name: write.name), createdAt: now,
+                                    updatedAt: now)))
+                        outcomes.append(.committed(name: write.name, entry: next))
+                    }
+                } catch {
+                    return .failure(error)
+                }
+                return .success((outcomes, steps, epoch, commits))
+            }
+        let planned: (outcomes: [Outcome], steps: [EngineStep], epoch: UInt64, commits: UInt64)
+        switch plan {
+        case .failure(let error):
+            for write in writes { write.reply(.failure(error)) }
+            return
+        case .success(let value): planned = value
+        }
+        if !planned.steps.isEmpty {
+            do throws(WireError) {
+                let store = try await engineStore(epoch: planned.epoch)
+                try await EnginePlace.engineCall { () throws(EngineFailure) in
+                    try await store.apply(planned.steps, sequence: planned.commits)
+                }
+            } catch {
+                logger.error("commit failed, nothing changed: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
+                for (write, outcome) in zip(writes, planned.outcomes) {
+                    if case .committed = outcome { write.reply(.failure(error)) } else { answer(write, outcome, epoch: planned.epoch) }
+                }
+                return
+            }
+            state.withLock { state in
+                for outcome in planned.outcomes {
+                    guard case .committed(let name, let entry) = outcome else { continue }
+                    state.values[name] = entry
+                    let event = ServerMessage.valueEvent(
+                        .init(epoch: planned.epoch, sequence: entry.sequence, state: self.state(of: entry, withheld: isSecure)))
+                    var ended: [ObjectIdentifier] = []
+                    for (key, subscription) in state.subscribers[name] ?? [:]
+                    where !subscription.offer(event, epoch: planned.epoch, sequence: entry.sequence) {
+                        ended.append(key)
+                    }
+                    for key in ended { state.subscribers[name]?.removeValue(forKey: key) }
+                }
+                state.epoch = planned.epoch
+                state.commits = planned.commits
+            }
+        }
+        for (write, outcome) in zip(writes, planned.outcomes) { answer(write, outcome, epoch: planned.epoch) }
+    }
+
+    private func answer(_ write: Write, _ outcome: Outcome, epoch: UInt64) {
+        switch outcome {
+        case .failed(let error): write.reply(.failure(error))
+        case .unchanged(let sequence):
+            write.reply(.success(.writeResult(.init(committed: false, epoch: epoch, sequence: sequence))))
+        case .committed(_, let entry):
+            write.reply(.success(.writeResult(.init(committed: true, epoch: epoch, sequence: entry.sequence))))
+        }
+    }
+
+    private func engineStore(epoch: UInt64) async throws(WireError) -> any EngineStore {
+        let (open, existing, known) = state.withLock { ($0.engineStore, $0.manifest, $0.engine) }
+        if let open { return open }
+        let engine: any StorageEngine
+        if let known { engine = known } else { engine = try environment.engines.engine(named: environment.configuration.defaultEngine) }
+        let (manifest, store) = try await place.create(engine: engine, existing: existing, epoch: epoch)
+        state.withLock { state in
+            state.manifest = manifest
+            state.engine = engine
+            state.engineStore = store
+        }
+        return store
+    }
+
+    func shutdown() async {
+        let writing = state.withLock { state -> Bool in
+            state.stopping = true
+            return state.writing
+        }
+        if writing {
+            await withCheckedContinuation { continuation in
+                let resumeNow = state.withLock { state -> Bool in
+                    guard state.writing else { return true }
+                    state.idleWaiters.append(continuation)
+                    return false
+                }
+                if resumeNow { continuation.resume() }
+            }
+        }
+        let store = state.withLock { state -> (any EngineStore)? in
+            defer { state.engineStore = nil }
+            return state.engineStore
+        }
+        await store?.close()
+    }
+}

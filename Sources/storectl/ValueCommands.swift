@@ -1,0 +1,208 @@
+import ArgumentParser
+import Foundation
+import NIOCore
+import StoreBrokerClient
+import Wire
+
+/// `value` and `secret` share their commands; a kind says how its values look on the command line.
+protocol ValueKind {
+    static var namespace: Namespace { get }
+    /// `value` or `secret`.
+    static var command: String { get }
+    /// The bytes to store for a command-line argument.
+    static func encode(_ argument: String) throws -> ByteBuffer
+    /// What `get` prints for stored bytes.
+    static func render(_ bytes: ByteBuffer) -> String
+}
+
+/// Values: JSON documents, stored and printed exactly as given.
+enum PlainValue: ValueKind {
+    static let namespace = Namespace.value
+    static let command = "value"
+
+    static func encode(_ argument: String) throws -> ByteBuffer {
+        let trimmed = argument.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard JSON.parse(Substring(trimmed)) != nil else {
+            throw Failure(Failure.badInput, "the value is not JSON: \(String(trimmed.prefix(80)))")
+        }
+        return ByteBuffer(string: trimmed)
+    }
+
+    static func render(_ bytes: ByteBuffer) -> String { String(buffer: bytes) }
+}
+
+/// Secrets: strings, stored as JSON strings, printed unquoted.
+enum SecretValue: ValueKind {
+    static let namespace = Namespace.secureValue
+    static let command = "secret"
+
+    static func encode(_ argument: String) throws -> ByteBuffer { ByteBuffer(string: JSON.string(argument)) }
+
+    static func render(_ bytes: ByteBuffer) -> String {
+        (JSON.parse(Substring(String(buffer: bytes))) as? String) ?? String(buffer: bytes)
+    }
+}
+
+struct ValueCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "value",
+        abstract: "Get, set, reset and watch shared values (JSON documents, like Boutique's @StoredValue).",
+        subcommands: [ValueGet<PlainValue>.self, ValueSet<PlainValue>.self, ValueReset<PlainValue>.self, ValueWatch<PlainValue>.self])
+}
+
+struct SecretCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "secret",
+        abstract: "Get, set, reset and watch secure values: strings, encrypted at rest, for this user only.",
+        subcommands: [ValueGet<SecretValue>.self, ValueSet<SecretValue>.self, ValueReset<SecretValue>.self, ValueWatch<SecretValue>.self])
+}
+
+/// `--expect SEQ` / `--expect-unset` for value writes.
+struct ValueConditionOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("Write only if the value is at this sequence (0: never set); else exit 75.", valueName: "sequence"))
+    var expect: UInt64?
+
+    @Flag(name: .customLong("expect-unset"), help: "Write only if the value is not set; else exit 75.")
+    var expectUnset = false
+
+    func validate() throws {
+        if expect != nil, expectUnset { throw ValidationError("--expect and --expect-unset exclude each other") }
+    }
+
+    var condition: Condition {
+        if expectUnset { return .absent }
+        return expect.map { .sequence($0) } ?? .unconditional
+    }
+}
+
+struct ValueGet<Kind: ValueKind>: AsyncParsableCommand {
+    static var configuration: CommandConfiguration {
+        CommandConfiguration(
+            commandName: "get",
+            abstract: Kind.namespace == .secureValue
+                ? "Print a secret (unquoted); exit 66 if it is not set." : "Print a value as stored; exit 66 if it is not set.",
+            discussion: "Example:\n  storectl \(Kind.command) get theme")
+    }
+
+    @OptionGroup var global: GlobalOptions
+    @Argument(help: "The name.") var name: String
+
+    func run() async throws {
+        try await reporting {
+            let answer = try await global.connect().send(.getValue(.init(namespace: Kind.namespace, name: name)))
+            guard case .valueResult(let result) = answer else { throw unexpected(answer) }
+            guard case .set(let payload) = result.state else {
+                throw Failure(Failure.notFound, "\(Kind.command) \(name) is not set")
+            }
+            Output.line(Kind.render(payload.bytes))
+        }
+    }
+}
+
+struct ValueSet<Kind: ValueKind>: AsyncParsableCommand {
+    static var configuration: CommandConfiguration {
+        CommandConfiguration(
+            commandName: "set",
+            abstract: "Set it; prints its new sequence (nothing if it already held exactly this).",
+            discussion: Kind.namespace == .secureValue
+                ? "Example:\n  storectl secret set api-token 's3cr3t'"
+                : "Example:\n  storectl value set theme '{\"dark\":true}'")
+    }
+
+    @OptionGroup var global: GlobalOptions
+    @OptionGroup var condition: ValueConditionOptions
+    @Argument(help: "The name.") var name: String
+    @Argument(help: Kind.namespace == .secureValue ? "The secret (a string)." : "The value (JSON).") var value: String
+
+    func run() async throws {
+        let request = try Kind.encode(value)
+        try await write(global) {
+            .setValue(.init(namespace: Kind.namespace, name: name, condition: condition.condition, value: Payload(request)))
+        }
+    }
+}
+
+struct ValueReset<Kind: ValueKind>: AsyncParsableCommand {
+    static var configuration: CommandConfiguration {
+        CommandConfiguration(
+            commandName: "reset",
+            abstract: "Unset it; prints its new sequence (nothing if it was not set).",
+            discussion: "Example:\n  storectl \(Kind.command) reset theme")
+    }
+
+    @OptionGroup var global: GlobalOptions
+    @OptionGroup var condition: ValueConditionOptions
+    @Argument(help: "The name.") var name: String
+
+    func run() async throws {
+        try await write(global) { .resetValue(.init(namespace: Kind.namespace, name: name, condition: condition.condition)) }
+    }
+}
+
+struct ValueWatch<Kind: ValueKind>: AsyncParsableCommand {
+    static var configuration: CommandConfiguration {
+        CommandConfiguration(
+            commandName: "watch",
+            abstract: "Follow it as NDJSON, one line per change, flushed line by line.",
+            discussion: """
+                First {"op":"loaded","name","epoch","sequence",\(Kind.namespace == .secureValue ? "\"set\"" : "\"value\"")}, then
+                {"op":"set",...} and {"op":"reset",...} lines\(Kind.namespace == .secureValue ? " (names and sequences only: a secret's watch never shows it)" : "").
+                With --from SEQ: {"op":"resumed",...} first; if it changed since, "history-gone" and a fresh "loaded".
+
+                Example:
+                  storectl \(Kind.command) watch theme
+                """)
+    }
+
+    @OptionGroup var global: GlobalOptions
+    @Argument(help: "The name.") var name: String
+    @Option(help: ArgumentHelp("Resume after this sequence.", valueName: "sequence")) var from: UInt64?
+    @Option(help: ArgumentHelp("The epoch --from belongs to (default: the current one).", valueName: "epoch")) var epoch: UInt64?
+
+    func run() async throws {
+        try await reporting {
+            let connection = try await global.connect()
+            let label = "\"name\":\(JSON.string(name))"
+            var start = SubscriptionStart.snapshot
+            if let from {
+                var resumeEpoch = epoch
+                if resumeEpoch == nil {
+                    let answer = try await connection.send(.getValue(.init(namespace: Kind.namespace, name: name)))
+                    guard case .valueResult(let result) = answer else { throw unexpected(answer) }
+                    resumeEpoch = result.epoch
+                }
+                start = .resume(epoch: resumeEpoch!, sequence: from)
+                Output.line("{\"op\":\"resumed\",\(label),\"epoch\":\(resumeEpoch!),\"sequence\":\(from)}")
+            }
+            func shown(_ state: ValueState) -> String {
+                switch state {
+                case .unset: Kind.namespace == .secureValue ? "\"set\":false" : "\"value\":null"
+                case .set(let payload): "\"value\":\(JSON.embed(payload.bytes))"
+                case .setWithheld: "\"set\":true"
+                }
+            }
+            let subscription = try await connection.subscribe(Kind.namespace, name: name, from: start)
+            for try await push in subscription.pushes {
+                switch push {
+                case .valueLoaded(let loaded):
+                    Output.line(
+                        "{\"op\":\"loaded\",\(label),\"epoch\":\(loaded.epoch),\"sequence\":\(loaded.sequence),\(shown(loaded.state))}")
+                case .valueEvent(let event):
+                    switch event.state {
+                    case .unset: Output.line("{\"op\":\"reset\",\(label),\"sequence\":\(event.sequence)}")
+                    case .set: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence),\(shown(event.state))}")
+                    case .setWithheld: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence)}")
+                    }
+                case .historyGone(let notice):
+                    Output.line("{\"op\":\"history-gone\",\(label),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
+                case .lagged(let notice):
+                    // A value's only history is its latest state: start over from a fresh snapshot.
+                    Output.line("{\"op\":\"lagged\",\(label),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
+                    throw Failure(Failure.unavailable, "the watch fell behind; run it again")
+                default: break
+                }
+            }
+            throw Failure(Failure.unavailable, "the subscription ended")
+        }
+    }
+}
