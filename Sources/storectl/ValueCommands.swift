@@ -115,9 +115,9 @@ struct ValueSet<Kind: ValueKind>: AsyncParsableCommand {
     @Argument(help: Kind.namespace == .secureValue ? "The secret (a string)." : "The value (JSON).") var value: String
 
     func run() async throws {
-        let request = try Kind.encode(value)
         try await write(global) {
-            .setValue(.init(namespace: Kind.namespace, name: name, condition: condition.condition, value: Payload(request)))
+            .setValue(
+                .init(namespace: Kind.namespace, name: name, condition: condition.condition, value: Payload(try Kind.encode(value))))
         }
     }
 }

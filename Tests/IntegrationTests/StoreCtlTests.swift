@@ -143,6 +143,21 @@ extension Integration {
             }
         }
 
+        @Test func sizeLimitsFromFlagsAndTheDebugRequestLog() async throws {
+            try await Daemon.with(arguments: ["--max-item", "100", "--max-batch", "2", "--log-level", "debug"]) { daemon in
+                var result = try await daemon.storectl(["insert", "s", "{\"id\":\"big\",\"x\":\"\(String(repeating: "x", count: 100))\"}"])
+                #expect(result.status == 65 && result.stderr.contains("itemTooLarge"), "\(result.stderr)")
+                result = try await daemon.storectl(["apply", "s"], stdin: "{\"op\":\"removeAll\"}\n{\"op\":\"remove\",\"id\":\"a\"}\n")
+                #expect(result.status == 65 && result.stderr.contains("batchTooLarge"), "\(result.stderr)")
+                // storectl splits what does not fit in one request: three items are two commits.
+                #expect(try await daemon.storectl(["insert", "s"], stdin: "{\"id\":\"1\"}\n{\"id\":\"2\"}\n{\"id\":\"3\"}\n").stdout == "2\n")
+                #expect(try await daemon.storectl(["count", "s"]).stdout == "3\n")
+                #expect(daemon.log.contains("request=insert"))
+                #expect(daemon.log.contains("error.code=itemTooLarge"))
+                #expect(!daemon.log.contains("xxxxxxxx"))  // never a payload
+            }
+        }
+
         @Test func conditionalWritesConflictWithExitCode75() async throws {
             try await Daemon.with { daemon in
                 #expect(try await daemon.storectl(["insert", "s", "--expect", "0", #"{"id":"a"}"#]).stdout == "1\n")
