@@ -78,6 +78,26 @@ extension Integration {
             }
         }
 
+        @Test func accessIsCheckedBeforeLimits() async throws {
+            try await withTemporaryDirectory { directory in
+                chmod(directory, 0o711)
+                let daemon = Daemon(
+                    in: directory, socketPath: directory + "/run/s.sock",
+                    arguments: ["--allow-uid", "nobody:pub-*:ro", "--max-item", "16", "--log-level", "debug"])
+                try await daemon.start()
+                let big = String(repeating: "x", count: 64)
+                // Read-only and too large: the access interceptor answers first.
+                let denied = try await asNobody(daemon.socketPath, ["insert", "pub-a", "1", big], in: directory)
+                #expect(denied.hasPrefix("error 0x0107"), "\(denied)")
+                // The owner gets the limit.
+                let limited = try await daemon.storectl(["insert", "pub-a", "{\"id\":\"1\",\"x\":\"\(big)\"}"])
+                #expect(limited.status == 65 && limited.stderr.contains("itemTooLarge"))
+                await daemon.stop()
+                // The request log saw both, with the peer's uid.
+                #expect(daemon.log.contains("error.code=permissionDenied") && daemon.log.contains("peer.uid=65534"))
+            }
+        }
+
         @Test func otherUsersAreRefusedWithAClearError() async throws {
             // Admit some other uid, so the socket is open to everyone, but not nobody.
             try await withSharedDaemon(["12345"]) { daemon in

@@ -25,7 +25,7 @@ final class Daemon: @unchecked Sendable {
     }
 
     var logPath: String { directory + "/daemon-\(starts).log" }
-    var log: String { process?.stderr ?? "" }
+    var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
 
     /// Starts the daemon and waits until it answers (`storectl ping --wait`).
     func start() async throws {
