@@ -43,7 +43,7 @@ final class ManagedStore: Sendable {
         case unloaded, loading, ready
     }
 
-    private struct State {
+    private struct State: WriterState {
         var phase = Phase.unloaded
         var waiting: [@Sendable (WireError?) -> Void] = []
         var contents = StoreContents()
@@ -61,6 +61,7 @@ final class ManagedStore: Sendable {
         var writing = false
         var stopping = false
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
+        var isBusy: Bool { writing }
 
         var info: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
     }
@@ -531,27 +532,7 @@ final class ManagedStore: Sendable {
     // MARK: Shutdown
 
     /// Refuses new writes, waits for the queued ones to finish, then closes the engine store.
-    func shutdown() async {
-        let writing = state.withLock { state -> Bool in
-            state.stopping = true
-            return state.writing || state.phase == .loading
-        }
-        if writing {
-            await withCheckedContinuation { continuation in
-                let resumeNow = state.withLock { state -> Bool in
-                    guard state.writing else { return true }
-                    state.idleWaiters.append(continuation)
-                    return false
-                }
-                if resumeNow { continuation.resume() }
-            }
-        }
-        let store = state.withLock { state -> (any EngineStore)? in
-            defer { state.engineStore = nil }
-            return state.engineStore
-        }
-        await store?.close()
-    }
+    func shutdown() async { await state.shutDownWriter() }
 }
 
 extension ItemRecord {

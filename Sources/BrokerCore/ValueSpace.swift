@@ -29,7 +29,7 @@ final class ValueSpace: Sendable {
         var value: ByteBuffer?
     }
 
-    private struct State {
+    private struct State: WriterState {
         var loaded = false
         var loading = false
         var waiting: [@Sendable (WireError?) -> Void] = []
@@ -46,6 +46,7 @@ final class ValueSpace: Sendable {
         var writing = false
         var stopping = false
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
+        var isBusy: Bool { writing }
     }
 
     struct Write: Sendable {
@@ -381,25 +382,5 @@ final class ValueSpace: Sendable {
         return store
     }
 
-    func shutdown() async {
-        let writing = state.withLock { state -> Bool in
-            state.stopping = true
-            return state.writing
-        }
-        if writing {
-            await withCheckedContinuation { continuation in
-                let resumeNow = state.withLock { state -> Bool in
-                    guard state.writing else { return true }
-                    state.idleWaiters.append(continuation)
-                    return false
-                }
-                if resumeNow { continuation.resume() }
-            }
-        }
-        let store = state.withLock { state -> (any EngineStore)? in
-            defer { state.engineStore = nil }
-            return state.engineStore
-        }
-        await store?.close()
-    }
+    func shutdown() async { await state.shutDownWriter() }
 }
