@@ -230,9 +230,13 @@ public struct ServerMessageAssembler: Sendable {
         var id: UInt32
     }
 
-    private var pending: [Key: ServerMessage] = [:]
+    private var pending: [Key: (message: ServerMessage, bytes: Int)] = [:]
+    /// The most payload bytes one message may gather across its frames; past it the server is not trusted.
+    public let maxMessageLength: Int
 
-    public init() {}
+    public init(maxMessageLength: Int = 1 << 30) {
+        self.maxMessageLength = maxMessageLength
+    }
 
     /// Whether some message is waiting for more frames.
     public var isIdle: Bool { pending.isEmpty }
@@ -242,13 +246,18 @@ public struct ServerMessageAssembler: Sendable {
         let message = try ServerMessage(frame: frame)
         let key = Key(isPush: message.type.isPush, id: frame.header.id)
         let more = frame.header.flags.contains(.more)
-        guard var whole = pending.removeValue(forKey: key) else {
-            if more { pending[key] = message }
+        guard var (whole, bytes) = pending.removeValue(forKey: key) else {
+            if more { pending[key] = (message, frame.payload.readableBytes) }
             return more ? nil : message
+        }
+        bytes += frame.payload.readableBytes
+        guard bytes <= maxMessageLength else {
+            throw WireError(
+                .frameTooLarge, "a \(message.type.name) spanning frames grew past \(maxMessageLength) bytes")
         }
         try whole.appendContinuation(message)
         if more {
-            pending[key] = whole
+            pending[key] = (whole, bytes)
             return nil
         }
         return whole

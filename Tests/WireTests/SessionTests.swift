@@ -165,3 +165,25 @@ import Wire
         #expect(client.state == .closed)
     }
 }
+
+@Suite struct AssemblerLimits {
+    @Test func aMessageSpanningFramesCannotGrowPastTheLimit() throws {
+        let stores = (0..<50).map { StoreInfo(name: "store-\($0)", epoch: 1, sequence: 2, count: 3, engine: "sqlite") }
+        var bytes = ByteBuffer()
+        try ServerMessage.storeList(.init(elements: stores)).encode(id: 1, maxFrameLength: 256, into: &bytes)
+        let decoder = FrameDecoder(maxFrameLength: 256)
+        var frames: [Frame] = []
+        while let frame = try decoder.decode(&bytes) { frames.append(frame) }
+        #expect(frames.count > 3)
+
+        var generous = ServerMessageAssembler()
+        var whole: ServerMessage?
+        for frame in frames { whole = try generous.receive(frame) }
+        #expect(whole == .storeList(.init(elements: stores)))
+
+        var strict = ServerMessageAssembler(maxMessageLength: 600)
+        #expect(throws: WireError.self) {
+            for frame in frames { _ = try strict.receive(frame) }
+        }
+    }
+}
