@@ -14,6 +14,8 @@ let package = Package(
     products: [
         .library(name: "Wire", targets: ["Wire"]),
         .library(name: "StoreBrokerClient", targets: ["StoreBrokerClient"]),
+        // For users' tests: a temporary broker in the test process (`withTemporaryBroker`).
+        .library(name: "StoreBrokerTesting", targets: ["StoreBrokerTesting"]),
         .executable(name: "storebrokerd", targets: ["storebrokerd"]),
         .executable(name: "storectl", targets: ["storectl"]),
         .executable(name: "wiredump", targets: ["wiredump"]),
@@ -79,7 +81,14 @@ let package = Package(
         .target(
             name: "StoreBrokerClient",
             dependencies: [
-                "Wire", .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+                "Wire", "OrderedStorage", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]
+        ),
+        .target(
+            name: "StoreBrokerTesting",
+            dependencies: [
+                "BrokerServer", "BrokerCore", "StoreBrokerClient", .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .executableTarget(
@@ -123,6 +132,11 @@ let package = Package(
                 "BrokerCore", "Wire", "TestSupport", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
+        ),
+        // RemoteStore, RemoteValue and the testing product against a temporary broker in the test process.
+        .testTarget(
+            name: "ClientTests",
+            dependencies: ["StoreBrokerClient", "StoreBrokerTesting", "Wire", "TestSupport"]
         ),
         // The real storebrokerd and storectl binaries on temporary sockets and data directories.
         .testTarget(

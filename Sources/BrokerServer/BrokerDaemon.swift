@@ -50,20 +50,13 @@ public final class BrokerDaemon: Sendable {
     private let logger: Logger
     private let serverChannel: any Channel
     private let registry: ConnectionRegistry
-    private let lock: LockHolder
+    private let lock: DataDirectoryLock
     private let socketInode: ino_t?
     private let stopped = Mutex<Bool>(false)
 
-    /// Keeps the data directory lock for as long as the daemon lives.
-    private final class LockHolder: @unchecked Sendable {
-        // Only touched in init and deinit.
-        let lock: DataDirectoryLock
-        init(_ lock: DataDirectoryLock) { self.lock = lock }
-    }
-
     private init(
         configuration: ServerConfiguration, broker: Broker, logger: Logger, serverChannel: any Channel,
-        registry: ConnectionRegistry, lock: LockHolder, socketInode: ino_t?
+        registry: ConnectionRegistry, lock: DataDirectoryLock, socketInode: ino_t?
     ) {
         self.configuration = configuration
         self.broker = broker
@@ -97,7 +90,7 @@ public final class BrokerDaemon: Sendable {
         let dataDirectory = configuration.broker.dataDirectory
         guard dataDirectory.hasPrefix("/") else { throw DaemonError("the data directory must be absolute: \(dataDirectory)") }
         try DaemonPaths.makeDirectories(dataDirectory)
-        let lock = LockHolder(try DataDirectoryLock(directory: dataDirectory))
+        let lock = try DataDirectoryLock(directory: dataDirectory)
         let sealer = try KeyFileSealer.load(dataDirectory: dataDirectory)
 
         let loader = EngineLoader(
@@ -230,6 +223,7 @@ public final class BrokerDaemon: Sendable {
         if let socketInode, DaemonPaths.inode(of: configuration.socketPath) == socketInode {
             unlink(configuration.socketPath)
         }
+        lock.release()
         logger.info("stopped")
     }
 

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Synchronization
 import Wire
 
 /// File-system checks and set-up for the daemon's socket and data directory (PRODUCT.md "Interfaces").
@@ -109,9 +110,10 @@ public enum DaemonPaths {
     }
 }
 
-/// `flock` on the data directory: one daemon per data directory.
-final class DataDirectoryLock {
+/// `flock` on the data directory: one daemon per data directory. Held until `release()` (or deinit).
+final class DataDirectoryLock: Sendable {
     private let fd: Int32
+    private let released = Mutex(false)
 
     init(directory: String) throws(DaemonError) {
         let path = directory + "/.lock"
@@ -127,5 +129,14 @@ final class DataDirectoryLock {
         }
     }
 
-    deinit { close(fd) }
+    /// Lets another daemon use the directory.
+    func release() {
+        let first = released.withLock { released in
+            defer { released = true }
+            return !released
+        }
+        if first { close(fd) }
+    }
+
+    deinit { release() }
 }

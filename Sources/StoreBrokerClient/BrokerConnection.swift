@@ -94,6 +94,9 @@ public final class BrokerConnection: Sendable {
         channel.eventLoop.execute { [handler] in handler.value.finishStream(subscription.id, error: nil) }
     }
 
+    /// Whether the connection is still up (the broker has not closed it, nor has `close()` been called).
+    public var isOpen: Bool { channel.isActive }
+
     /// Closes the connection; requests in flight fail with `connectionClosed`.
     public func close() async {
         try? await channel.close()

@@ -1,0 +1,104 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import BrokerCore
+import BrokerServer
+import Foundation
+import Logging
+import StoreBrokerClient
+
+/// A broker for tests: the daemon's own build function (`BrokerDaemon.start`, the code `storebrokerd` runs)
+/// in this process, on a temporary socket and data directory, with no D-Bus. Engines are loaded from the
+/// engine search path, which includes the directory of the running test binary: depend on the engine
+/// products (e.g. `storebroker-engine-sqlite`) so that `swift build` puts them there.
+///
+/// ```swift
+/// try await withTemporaryBroker { client in
+///     let notes = RemoteStore<Note>(client: client, name: "notes")
+///     try await notes.insert(Note(id: "1", text: "milk"))
+/// }
+/// ```
+public func withTemporaryBroker<T>(
+    engine: String = "sqlite", logger: Logger = Logger(label: "storebroker.testing", factory: { _ in SwiftLogNoOpLogHandler() }),
+    configure: (inout ServerConfiguration) -> Void = { _ in },
+    _ body: (BrokerClient) async throws -> T
+) async throws -> T {
+    let broker = try await TemporaryBroker(engine: engine, logger: logger, configure: configure)
+    do {
+        let result = try await body(broker.client)
+        await broker.remove()
+        return result
+    } catch {
+        await broker.remove()
+        throw error
+    }
+}
+
+/// A temporary broker that can be stopped and started again on the same data (for reconnect tests).
+public final class TemporaryBroker: Sendable {
+    /// The directory holding the socket and the data; removed by `remove()`.
+    public let directory: String
+    public let configuration: ServerConfiguration
+    /// A client of this broker (it reconnects by itself after `restart()`).
+    public let client: BrokerClient
+    private let logger: Logger
+    private let daemon: LockedDaemon
+
+    private final class LockedDaemon: @unchecked Sendable {
+        private let lock = NSLock()
+        private var daemon: BrokerDaemon?
+        var value: BrokerDaemon? {
+            get { lock.withLock { daemon } }
+            set { lock.withLock { daemon = newValue } }
+        }
+    }
+
+    public init(
+        engine: String = "sqlite", logger: Logger = Logger(label: "storebroker.testing", factory: { _ in SwiftLogNoOpLogHandler() }),
+        configure: (inout ServerConfiguration) -> Void = { _ in }
+    ) async throws {
+        var template = Array("/tmp/sbt-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { throw DaemonError("cannot create a temporary directory in /tmp") }
+        directory = String(cString: made)
+        var configuration = ServerConfiguration(
+            socketPath: directory + "/s.sock",
+            broker: BrokerConfiguration(dataDirectory: directory + "/data", defaultEngine: engine),
+            environmentEnginePath: ProcessInfo.processInfo.environment["STOREBROKER_ENGINE_PATH"], dbus: .disabled)
+        configure(&configuration)
+        self.configuration = configuration
+        self.logger = logger
+        self.daemon = LockedDaemon()
+        self.client = BrokerClient(socketPath: configuration.socketPath, clientName: "storebroker-testing")
+        do {
+            try await start()
+        } catch {
+            try? FileManager.default.removeItem(atPath: directory)
+            throw error
+        }
+    }
+
+    /// Starts the broker (after `stop()`).
+    public func start() async throws {
+        daemon.value = try await BrokerDaemon.start(configuration: configuration, logger: logger)
+    }
+
+    /// Stops it gracefully, as SIGTERM would.
+    public func stop() async {
+        let running = daemon.value
+        daemon.value = nil
+        await running?.shutdown()
+    }
+
+    /// Stops and starts it again on the same socket and data.
+    public func restart() async throws {
+        await stop()
+        try await start()
+    }
+
+    /// Stops it and deletes its directory.
+    public func remove() async {
+        await client.close()
+        await stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+}

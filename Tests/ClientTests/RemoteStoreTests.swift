@@ -1,0 +1,175 @@
+import Foundation
+import StoreBrokerClient
+import StoreBrokerTesting
+import Testing
+import Wire
+
+struct Note: Codable, Sendable, Identifiable, Equatable {
+    var id: String
+    var text: String
+}
+
+struct Photo: Codable, Sendable, Identifiable, Equatable {
+    var id: UUID
+    var caption: String
+}
+
+struct Bookmark: Codable, Sendable, Equatable {
+    var url: String
+    var title: String
+}
+
+private func note(_ id: String, _ text: String = "") -> Note { Note(id: id, text: text.isEmpty ? "note \(id)" : text) }
+
+/// Collects a store's events as "op:ids" strings.
+private final class EventLog: @unchecked Sendable {
+    private let lock = NSLock()
+    private var entries: [String] = []
+    private var task: Task<Void, Never>?
+
+    init<Item: Sendable>(_ events: AsyncStream<StoreEvent<Item>>, id: @escaping @Sendable (Item) -> String) {
+        task = Task {
+            for await event in events {
+                self.lock.withLock { self.entries.append("\(event.operation):\(event.items.map(id).joined(separator: ","))") }
+            }
+        }
+    }
+
+    var all: [String] { lock.withLock { entries } }
+
+    func waitFor(count: Int) async -> Bool {
+        for _ in 0..<1000 {
+            if all.count >= count { return true }
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        return false
+    }
+
+    deinit { task?.cancel() }
+}
+
+@Suite struct RemoteStoreBehaviour {
+    @Test func insertReplacesInPlaceAndDuplicatesInOneBatchKeepTheFirstPositionAndLastValue() async throws {
+        try await withTemporaryBroker { client in
+            let store = RemoteStore<Note>(client: client, name: "notes")
+            try await store.itemsHaveLoaded()
+            #expect(store.items.isEmpty)
+            try await store.insert([note("a"), note("b"), note("a", "second a")])
+            #expect(store.items == [note("a", "second a"), note("b")])
+            try await store.insert(note("b", "new b"))
+            try await store.insert(note("c"))
+            #expect(store.items.map(\.id) == ["a", "b", "c"])
+            #expect(store.items[1].text == "new b")
+            // A second store on the same broker (another process, as far as the broker knows) sees the same.
+            let other = RemoteStore<Note>(client: BrokerClient(socketPath: client.socketPath), name: "notes")
+            try await other.itemsHaveLoaded()
+            #expect(other.items == store.items)
+        }
+    }
+
+    @Test func removeByItemByIdAndRemoveAll() async throws {
+        try await withTemporaryBroker { client in
+            let store = RemoteStore<Note>(client: client, name: "notes")
+            try await store.insert((1...5).map { note("\($0)") })
+            try await store.remove(note("2"))
+            try await store.remove([note("3"), note("absent")])
+            try await store.remove(id: "4")
+            #expect(store.items.map(\.id) == ["1", "5"])
+            try await store.insert(note("2"))
+            #expect(store.items.map(\.id) == ["1", "5", "2"])  // removed then inserted again: last
+            try await store.removeAll()
+            #expect(store.items.isEmpty)
+        }
+    }
+
+    @Test func chainsAreOneAtomicCommit() async throws {
+        try await withTemporaryBroker { client in
+            let store = RemoteStore<Note>(client: client, name: "notes")
+            try await store.insert([note("x"), note("y")])
+            let log = EventLog(store.events, id: \.id)
+            try await store.removeAll().insert([note("a"), note("b")]).run()
+            #expect(store.items.map(\.id) == ["a", "b"])
+            try await store.remove(note("a")).insert(note("c")).run()
+            #expect(store.items.map(\.id) == ["b", "c"])
+            // Nothing happens without run().
+            let unrun: RemoteStore<Note>.Operation = store.removeAll()
+            _ = unrun
+            #expect(store.items.count == 2)
+            #expect(await log.waitFor(count: 6))
+            #expect(log.all == ["initialized:", "loaded:x,y", "remove:x,y", "insert:a,b", "remove:a", "insert:c"])
+            // One commit each: the broker's sequence moved by one per chain.
+            guard case .storeInfoResult(let info) = try await client.send(.getStoreInfo(.init(store: "notes"))) else {
+                Issue.record("no store info")
+                return
+            }
+            #expect(info.info.sequence == 3)
+        }
+    }
+
+    @Test func eventsComeInCommitOrderToEveryProcess() async throws {
+        try await withTemporaryBroker { client in
+            let writer = RemoteStore<Note>(client: client, name: "notes")
+            let reader = RemoteStore<Note>(client: BrokerClient(socketPath: client.socketPath), name: "notes")
+            try await reader.itemsHaveLoaded()
+            let log = EventLog(reader.events, id: \.id)
+            for n in 1...20 { try await writer.insert(note("\(n)")) }
+            try await writer.remove(id: "7")
+            #expect(await log.waitFor(count: 23))
+            #expect(log.all == ["initialized:", "loaded:"] + (1...20).map { "insert:\($0)" } + ["remove:7"])
+        }
+    }
+
+    @Test func identifiersForUUIDsAndKeyPaths() async throws {
+        try await withTemporaryBroker { client in
+            let photos = RemoteStore<Photo>(client: client, name: "photos")
+            let id = UUID()
+            try await photos.insert(Photo(id: id, caption: "cat"))
+            guard case .itemsResult(let result) = try await client.send(.getItems(.init(store: "photos", ids: [ItemID(id.uuidString)]))),
+                case .present = result.elements.first
+            else {
+                Issue.record("the photo is not stored under its uuidString")
+                return
+            }
+            let bookmarks = RemoteStore<Bookmark>(client: client, name: "bookmarks", cacheIdentifier: \.url)
+            try await bookmarks.insert([Bookmark(url: "https://a", title: "A"), Bookmark(url: "https://a", title: "A2")])
+            #expect(bookmarks.items == [Bookmark(url: "https://a", title: "A2")])
+        }
+    }
+
+    @Test func anItemThatDoesNotDecodeIsAnErrorNamingIt() async throws {
+        try await withTemporaryBroker { client in
+            _ = try await client.send(.insert(.init(store: "notes", items: [Item(id: "broken", payload: Payload(#"{"id":"broken"}"#))])))
+            let store = RemoteStore<Note>(client: client, name: "notes")
+            do {
+                try await store.itemsHaveLoaded()
+                Issue.record("loaded a store holding an undecodable item")
+            } catch {
+                #expect("\(error)".contains("broken"))
+            }
+            guard case .error = store.loadState else {
+                Issue.record("load state is not an error")
+                return
+            }
+        }
+    }
+
+    @Test func afterARestartTheMirrorResumesAndEndsEqualToTheBroker() async throws {
+        let broker = try await TemporaryBroker()
+        defer { Task { await broker.remove() } }
+        let store = RemoteStore<Note>(client: broker.client, name: "notes")
+        try await store.insert((1...10).map { note("\($0)") })
+        // Writes made by someone else around the restart: whether the mirror resumes from its last sequence or
+        // (the restart lost the history) is told the history is gone and takes a fresh snapshot, it must end
+        // equal to the broker.
+        await broker.stop()
+        try await broker.start()
+        let other = BrokerClient(socketPath: broker.client.socketPath)
+        _ = try await other.send(.remove(.init(store: "notes", ids: ["3"])))
+        _ = try await other.send(.insert(.init(store: "notes", items: [Item(id: "11", payload: Payload(#"{"id":"11","text":"x"}"#))])))
+        // The store's own next write reaches the mirror only once it has caught up with everything before.
+        try await store.insert(note("12"))
+        #expect(store.items.map(\.id) == ["1", "2", "4", "5", "6", "7", "8", "9", "10", "11", "12"])
+        await other.close()
+        await broker.remove()
+    }
+}

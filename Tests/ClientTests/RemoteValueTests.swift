@@ -1,0 +1,97 @@
+import Foundation
+import StoreBrokerClient
+import StoreBrokerTesting
+import Testing
+import Wire
+
+@Suite struct RemoteValueBehaviour {
+    @Test func defaultSetResetAndAStreamThatStartsWithTheCurrentValue() async throws {
+        try await withTemporaryBroker { client in
+            let theme = RemoteValue(client: client, key: "theme", default: "light")
+            try await theme.valueHasLoaded()
+            #expect(theme.value == "light")
+            let seen = Collected<String>()
+            let watching = Task { for await value in theme.values { seen.append(value) } }
+            try await theme.set("dark")
+            #expect(theme.value == "dark")
+            try await theme.reset()
+            #expect(theme.value == "light")
+            #expect(await seen.waitFor(count: 3))
+            #expect(seen.all == ["light", "dark", "light"])
+            watching.cancel()
+            // Another process sees it.
+            let other = RemoteValue(client: BrokerClient(socketPath: client.socketPath), key: "theme", default: "x")
+            try await theme.set("blue")
+            try await other.valueHasLoaded()
+            #expect(other.value == "blue")
+        }
+    }
+
+    @Test func helpersAreCompareAndSet() async throws {
+        try await withTemporaryBroker { client in
+            let flag = RemoteValue(client: client, key: "flag", default: false)
+            try await flag.toggle()
+            #expect(flag.value == true)
+            let tags = RemoteValue<[String]>(client: client, key: "tags", default: [])
+            try await tags.append("a")
+            try await tags.append("b")
+            try await tags.togglePresence("a")
+            try await tags.togglePresence("c")
+            #expect(tags.value == ["b", "c"])
+            let scores = RemoteValue<[String: Int]>(client: client, key: "scores", default: [:])
+            try await scores.update(key: "ann", value: 3)
+            try await scores.update(key: "bob", value: 5)
+            try await scores.update(key: "ann", value: nil)
+            #expect(scores.value == ["bob": 5])
+        }
+    }
+
+    @Test func concurrentTogglesFromTwoClientsLoseNothing() async throws {
+        try await withTemporaryBroker { client in
+            let a = RemoteValue(client: client, key: "flag", default: false)
+            let b = RemoteValue(client: BrokerClient(socketPath: client.socketPath), key: "flag", default: false)
+            let list = RemoteValue<[Int]>(client: client, key: "list", default: [])
+            let otherList = RemoteValue<[Int]>(client: BrokerClient(socketPath: client.socketPath), key: "list", default: [])
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { for n in 0..<100 { try await a.toggle(); try await list.append(n) } }
+                group.addTask { for n in 100..<200 { try await b.toggle(); try await otherList.append(n) } }
+                try await group.waitForAll()
+            }
+            guard case .valueResult(let flag) = try await client.send(.getValue(.init(name: "flag"))) else { return }
+            #expect(flag.sequence == 200)  // every toggle committed once
+            #expect(a.value == false)
+            #expect(Set(list.value) == Set(0..<200))
+        }
+    }
+
+    @Test func secureValuesSetReadAndRemove() async throws {
+        try await withTemporaryBroker { client in
+            let token = RemoteSecureValue<String>(client: client, key: "token")
+            try await token.valueHasLoaded()
+            #expect(token.value == nil)
+            try await token.set("s3cr3t")
+            #expect(token.value == "s3cr3t")
+            let other = RemoteSecureValue<String>(client: BrokerClient(socketPath: client.socketPath), key: "token")
+            try await other.valueHasLoaded()
+            #expect(other.value == "s3cr3t")
+            try await token.set(nil)
+            #expect(token.value == nil)
+        }
+    }
+}
+
+final class Collected<T: Sendable>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var values: [T] = []
+
+    func append(_ value: T) { lock.withLock { values.append(value) } }
+    var all: [T] { lock.withLock { values } }
+
+    func waitFor(count: Int) async -> Bool {
+        for _ in 0..<1000 {
+            if all.count >= count { return true }
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        return false
+    }
+}
