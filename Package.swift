@@ -143,6 +143,8 @@ let package = Package(
             name: "IntegrationTests",
             dependencies: ["Wire", "StoreBrokerClient", "TestSupport", .product(name: "NIOCore", package: "swift-nio")]
         ),
+        // The two-process demo (examples/notes-demo.sh).
+        .executableTarget(name: "notes-demo", dependencies: ["StoreBrokerClient"], path: "examples/notes-demo"),
         .executableTarget(
             name: "broker-bench",
             dependencies: ["StoreBrokerClient", "Wire", .product(name: "NIOCore", package: "swift-nio")],

@@ -76,6 +76,26 @@ public final class BrokerConnection: Sendable {
         }
     }
 
+    /// Sends several requests back to back (pipelined, in this order) and returns their outcomes in the same
+    /// order; one failing does not stop the others.
+    public func send(_ requests: [ClientMessage]) async throws(StoreBrokerError) -> [Result<ServerMessage, StoreBrokerError>] {
+        let futures: [EventLoopFuture<ServerMessage>]
+        do {
+            futures = try await channel.eventLoop.submit { [handler] in requests.map { handler.value.send($0) } }.get()
+        } catch {
+            throw StoreBrokerError(.connectionClosed, "\(error)")
+        }
+        var results: [Result<ServerMessage, StoreBrokerError>] = []
+        for future in futures {
+            do {
+                results.append(.success(try await future.get()))
+            } catch {
+                results.append(.failure(error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)")))
+            }
+        }
+        return results
+    }
+
     /// Subscribes; the pushes arrive on the returned subscription's `pushes`, in order.
     public func subscribe(
         _ namespace: Namespace = .store, name: String, from start: SubscriptionStart = .snapshot

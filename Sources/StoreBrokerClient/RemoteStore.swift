@@ -347,12 +347,16 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
         public func run() async throws { try await store.write(steps) }
     }
 
-    /// The start of a chain: `try await store.removeAll().insert(items).run()`.
-    public func removeAll() -> Operation { Operation(store: self).removeAll() }
-    public func insert(_ item: Item) throws -> Operation { try Operation(store: self).insert(item) }
-    public func insert(_ items: [Item]) throws -> Operation { try Operation(store: self).insert(items) }
-    public func remove(_ item: Item) -> Operation { Operation(store: self).remove(item) }
-    public func remove(_ items: [Item]) -> Operation { Operation(store: self).remove(items) }
+    // The start of a chain: `try await store.removeAll().insert(items).run()`. These share their names with the
+    // methods that write at once; they are disfavored, so `try await store.insert(item)` always writes, and a
+    // chain is only what is followed by another step or `run()`.
+    @_disfavoredOverload public func removeAll() -> Operation { Operation(store: self).removeAll() }
+    @_disfavoredOverload public func insert(_ item: Item) throws -> Operation { try Operation(store: self).insert(item) }
+    @_disfavoredOverload public func insert(_ items: [Item]) throws -> Operation { try Operation(store: self).insert(items) }
+    @_disfavoredOverload public func remove(_ item: Item) -> Operation { Operation(store: self).remove(item) }
+    @_disfavoredOverload public func remove(_ items: [Item]) -> Operation { Operation(store: self).remove(items) }
+    @_disfavoredOverload public func remove(id: String) -> Operation { Operation(store: self).remove(id: id) }
+    @_disfavoredOverload public func remove(ids: [String]) -> Operation { Operation(store: self).remove(ids: ids) }
 }
 
 extension RemoteStore where Item: Identifiable, Item.ID == String {

@@ -92,12 +92,15 @@ struct Query: AsyncParsableCommand {
         }
     }
 
+    /// `{"id","createdAt","updatedAt","item"}` for one record.
+    static func metaLine(_ record: ItemRecord) -> String {
+        "{\"id\":\(JSON.string(record.id.string)),\"createdAt\":\(record.createdAt),"
+            + "\"updatedAt\":\(record.updatedAt),\"item\":\(JSON.embed(record.payload.bytes))}"
+    }
+
     private func print(_ records: [ItemRecord]) {
         func rendered(_ record: ItemRecord) -> String {
-            let item = JSON.embed(record.payload.bytes)
-            guard meta else { return item }
-            return "{\"id\":\(JSON.string(record.id.string)),\"createdAt\":\(record.createdAt),"
-                + "\"updatedAt\":\(record.updatedAt),\"item\":\(item)}"
+            meta ? Self.metaLine(record) : JSON.embed(record.payload.bytes)
         }
         switch format ?? .automatic {
         case .ndjson:

@@ -35,35 +35,10 @@ struct Insert: AsyncParsableCommand {
                 }
             }
             let connection = try await global.connect()
-            var last: ServerMessage?
-            for (index, batch) in batches(parsed, welcome: connection.welcome).enumerated() {
-                // Only the first batch carries the condition; the rest follow it.
-                let condition = index == 0 ? condition.condition : .unconditional
-                let answer = try await connection.send(.insert(.init(store: store, condition: condition, items: batch)))
-                if case .writeResult(let result) = answer, result.committed { last = answer }
+            if let last = try await ItemUpload(connection: connection, store: store).send(parsed, condition: condition.condition) {
+                try printWriteResult(.writeResult(last))
             }
-            if let last { try printWriteResult(last) }
         }
-    }
-
-    /// Consecutive batches within the broker's item count and frame size.
-    private func batches(_ items: [Item], welcome: ServerMessage.Welcome) -> [[Item]] {
-        let budget = Int(welcome.maxFrameLength) - 1024
-        var batches: [[Item]] = []
-        var current: [Item] = []
-        var size = 0
-        for item in items {
-            let length = item.id.string.utf8.count + item.payload.count + 8
-            if !current.isEmpty, current.count >= Int(welcome.maxBatch) || size + length > budget {
-                batches.append(current)
-                current = []
-                size = 0
-            }
-            current.append(item)
-            size += length
-        }
-        if !current.isEmpty { batches.append(current) }
-        return batches
     }
 }
 

@@ -1,0 +1,101 @@
+import ArgumentParser
+import Foundation
+import StoreBrokerClient
+import Wire
+
+struct Export: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print every item of a store as NDJSON, from one consistent snapshot.",
+        discussion: """
+            Each payload exactly as stored, one per line, in store order; all of them from the same commit, even
+            while others write. `--meta` wraps each as {"id","createdAt","updatedAt","item"}.
+
+            Example:
+              storectl export notes > notes.ndjson
+            """)
+
+    @OptionGroup var global: GlobalOptions
+    @Argument(help: "The store.") var store: String
+    @Flag(help: "Wrap each item with its id and timestamps.") var meta = false
+
+    func run() async throws {
+        try await reporting {
+            let answer = try await global.connect().send(.queryRange(.init(store: store)))
+            guard case .rangeResult(let range) = answer else { throw unexpected(answer) }
+            var out: [UInt8] = []
+            for record in range.elements {
+                if meta {
+                    out += Array(Query.metaLine(record).utf8)
+                } else {
+                    out += record.payload.bytes.readableBytesView
+                }
+                out.append(0x0A)
+                if out.count > 1 << 20 {
+                    Output.bytes(out)
+                    out = []
+                }
+            }
+            Output.bytes(out)
+        }
+    }
+}
+
+struct Import: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Insert the items of an NDJSON file (or - for stdin); prints the last sequence.",
+        discussion: """
+            One JSON object per line, with the id in --id-field (default "id"); blank lines are skipped. Without
+            --atomic the items go in batches within the broker's limits (several commits, in order; a failure
+            stops the import and what was sent before it stays). With --atomic they go as one chain: all or
+            nothing, which must fit in one request (--max-batch items, one frame). A progress bar is drawn on
+            stderr when it is a terminal.
+
+            Example:
+              storectl import notes notes.ndjson --atomic
+            """)
+
+    @OptionGroup var global: GlobalOptions
+    @OptionGroup var condition: ConditionOptions
+    @Argument(help: "The store.") var store: String
+    @Argument(help: "The NDJSON file, or - for stdin.") var file: String
+    @Option(name: .customLong("id-field"), help: "The field that holds the id.") var idField = "id"
+    @Flag(help: "All items in one atomic commit.") var atomic = false
+
+    func run() async throws {
+        try await reporting {
+            let data: Data
+            if file == "-" {
+                data = FileHandle.standardInput.readDataToEndOfFile()
+            } else {
+                guard let contents = FileManager.default.contents(atPath: file) else {
+                    throw Failure(Failure.notFound, "cannot read \(file)")
+                }
+                data = contents
+            }
+            var items: [Item] = []
+            var number = 0
+            for line in data.split(separator: 0x0A, omittingEmptySubsequences: false) {
+                number += 1
+                let text = String(decoding: line, as: UTF8.self)
+                if text.allSatisfy(\.isWhitespace) { continue }
+                items.append(try JSON.item(Substring(text), idField: idField, where: "\(file) line \(number)"))
+            }
+            let connection = try await global.connect()
+            if atomic {
+                guard !items.isEmpty else { return }
+                let answer: ServerMessage
+                do {
+                    answer = try await connection.send(
+                        .chain(.init(store: store, condition: condition.condition, steps: [.insert(items: items)])))
+                } catch let error as StoreBrokerError where error.kind == .protocolViolation {
+                    throw Failure(Failure.badInput, "the import does not fit in one request; drop --atomic: \(error.message)")
+                }
+                try printWriteResult(answer)
+            } else if let last = try await ItemUpload(connection: connection, store: store, label: "importing into \(store)")
+                .send(items, condition: condition.condition)
+            {
+                try printWriteResult(.writeResult(last))
+            }
+        }
+    }
+}
