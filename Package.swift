@@ -68,10 +68,19 @@ let package = Package(
         // The example engine in plain C (examples/c-engine), built like the others.
         .target(name: "CExampleEngine", dependencies: ["CStorageEngine"], path: "examples/c-engine", sources: ["engine.c"],
             publicHeadersPath: "."),
+        // libdbus-1 (D-Bus signals), and the publisher that runs it on a thread of its own.
+        .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
+        .target(
+            name: "BrokerDBus",
+            dependencies: [
+                "CDBus", "BrokerCore", "Wire", .product(name: "Logging", package: "swift-log"),
+                .product(name: "DequeModule", package: "swift-collections"),
+            ]
+        ),
         .target(
             name: "BrokerServer",
             dependencies: [
-                "Wire", "BrokerCore", "EngineLoader",
+                "Wire", "BrokerCore", "EngineLoader", "BrokerDBus",
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),

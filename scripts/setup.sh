@@ -4,9 +4,9 @@
 set -euo pipefail
 
 # System packages the project builds, tests or benchmarks with (D-Bus and SQLite development files, a
-# private bus for tests, python3-dbus for the listener example, systemd-socket-activate and setpriv for the
+# private bus for tests, python3-dbus and python3-gi for the listener example, systemd-socket-activate and setpriv for the
 # socket-activation and other-user tests).
-PACKAGES=(pkg-config libsqlite3-dev libdbus-1-dev dbus-daemon dbus-bin python3 python3-dbus systemd util-linux)
+PACKAGES=(pkg-config libsqlite3-dev libdbus-1-dev dbus-daemon dbus-bin python3 python3-dbus python3-gi systemd util-linux)
 
 missing=()
 for package in "${PACKAGES[@]}"; do

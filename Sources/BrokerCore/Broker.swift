@@ -37,6 +37,16 @@ public struct BrokerConfiguration: Sendable {
     }
 }
 
+/// Told of every commit, for broadcasting (the D-Bus publisher). Called in sequence order per store or value,
+/// while the store's lock is held: it must only hand the news over (a bounded queue), never block.
+public protocol CommitObserver: Sendable {
+    /// One commit of a store: its steps in order (a `removeAll` is a remove of every id). A drop is reported
+    /// as a remove of every id the store held, at sequence 0.
+    func storeCommitted(store: String, epoch: UInt64, sequence: UInt64, steps: [EventStep])
+    /// A value or secure value was set or reset (names and sequences only, never the value).
+    func valueChanged(name: String, sequence: UInt64, secure: Bool)
+}
+
 /// Where a broker gets its engines. The daemon implements it with `EngineLoader` (dlopen); tests may hand
 /// engines over directly.
 public protocol EngineProvider: Sendable {
@@ -72,7 +82,8 @@ public final class Broker: Sendable {
     /// values are refused (`notSupported`).
     public init(
         configuration: BrokerConfiguration, engines: any EngineProvider, logger: Logger,
-        interceptors: [any RequestInterceptor]? = nil, sealer: (any ValueSealer)? = nil
+        interceptors: [any RequestInterceptor]? = nil, sealer: (any ValueSealer)? = nil,
+        observers: [any CommitObserver] = []
     ) throws(WireError) {
         self.configuration = configuration
         self.interceptors = interceptors ?? Self.standardInterceptors(configuration: configuration, logger: logger)
@@ -80,7 +91,7 @@ public final class Broker: Sendable {
         try directory.prepare()
         try directory.removeLeftovers()
         let environment = StoreEnvironment(
-            directory: directory, engines: engines, configuration: configuration, logger: logger)
+            directory: directory, engines: engines, configuration: configuration, logger: logger, observers: observers)
         self.environment = environment
         values = ValueSpace(namespace: .value, environment: environment, sealer: nil)
         secureValues = ValueSpace(namespace: .secureValue, environment: environment, sealer: sealer)

@@ -24,6 +24,7 @@ struct StoreEnvironment: Sendable {
     let engines: any EngineProvider
     let configuration: BrokerConfiguration
     let logger: Logger
+    var observers: [any CommitObserver] = []
 }
 
 /// One store: its committed items in memory, its writer, its history and its subscribers.
@@ -460,6 +461,9 @@ final class ManagedStore: Sendable {
                     state.history.append(event)
                 }
                 Self.broadcast(.storeEvent(event), epoch: epoch, sequence: sequence, in: &state)
+                for observer in environment.observers {
+                    observer.storeCommitted(store: name, epoch: epoch, sequence: sequence, steps: events)
+                }
             }
             state.epoch = epoch
             state.sequence = finalSequence
@@ -516,6 +520,12 @@ final class ManagedStore: Sendable {
             return write.reply(.failure(error))
         }
         state.withLock { state in
+            if !environment.observers.isEmpty, state.contents.count > 0 {
+                let steps: [EventStep] = [.remove(ids: state.contents.ids)]
+                for observer in environment.observers {
+                    observer.storeCommitted(store: name, epoch: 0, sequence: 0, steps: steps)
+                }
+            }
             state.contents = StoreContents()
             state.epoch = 0
             state.sequence = 0

@@ -350,6 +350,9 @@ final class ValueSpace: Sendable {
                         ended.append(key)
                     }
                     for key in ended { state.subscribers[name]?.removeValue(forKey: key) }
+                    for observer in environment.observers {
+                        observer.valueChanged(name: name, sequence: entry.sequence, secure: isSecure)
+                    }
                 }
                 state.epoch = planned.epoch
                 state.commits = planned.commits

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import BrokerCore
+import BrokerDBus
 import Dispatch
 import EngineLoader
 import Logging
@@ -51,13 +52,15 @@ public final class BrokerDaemon: Sendable {
     private let serverChannel: any Channel
     private let registry: ConnectionRegistry
     private let lock: DataDirectoryLock
+    private let publisher: DBusPublisher?
     private let socketInode: ino_t?
     private let stopped = Mutex<Bool>(false)
 
     private init(
         configuration: ServerConfiguration, broker: Broker, logger: Logger, serverChannel: any Channel,
-        registry: ConnectionRegistry, lock: DataDirectoryLock, socketInode: ino_t?
+        registry: ConnectionRegistry, lock: DataDirectoryLock, publisher: DBusPublisher?, socketInode: ino_t?
     ) {
+        self.publisher = publisher
         self.configuration = configuration
         self.broker = broker
         self.logger = logger
@@ -100,9 +103,17 @@ public final class BrokerDaemon: Sendable {
         let engines = LoaderEngineProvider(loader: loader)
         try engines.validate(configuration.broker)
 
+        let publisher: DBusPublisher?
+        switch configuration.dbus {
+        case .disabled: publisher = nil
+        case .sessionBus(let address): publisher = DBusPublisher(bus: .session(address: address), logger: logger)
+        case .address(let address): publisher = DBusPublisher(bus: .address(address), logger: logger)
+        }
         let broker: Broker
         do {
-            broker = try Broker(configuration: configuration.broker, engines: engines, logger: logger, sealer: sealer)
+            broker = try Broker(
+                configuration: configuration.broker, engines: engines, logger: logger, sealer: sealer,
+                observers: publisher.map { [$0] } ?? [])
         } catch {
             throw DaemonError("cannot prepare the data directory \(dataDirectory): \(error.message)")
         }
@@ -137,20 +148,18 @@ public final class BrokerDaemon: Sendable {
                 throw DaemonError("cannot put the socket in place at \(socketPath): \(reason)")
             }
         }
-        logger.info(
-            "storebrokerd ready",
-            metadata: [
-                "socket": "\(configuration.inheritedSocket.map { "fd \($0) from systemd" } ?? socketPath)",
-                "data": "\(dataDirectory)", "engine": "\(configuration.broker.defaultEngine)",
-                "version": "\(StoreBrokerVersion.string)",
-                "allow": "\(configuration.allowRules.map(\.description).joined(separator: ","))",
-            ])
-        if configuration.dbus != .disabled {
-            logger.notice("D-Bus signals are not implemented in this build; running as with --no-dbus")
-        }
+        var ready: Logger.Metadata = [
+            "socket": "\(configuration.inheritedSocket.map { "fd \($0) from systemd" } ?? socketPath)",
+            "data": "\(dataDirectory)", "engine": "\(configuration.broker.defaultEngine)",
+            "version": "\(StoreBrokerVersion.string)",
+        ]
+        if shared { ready["allow"] = "\(configuration.allowRules.map(\.description).joined(separator: ","))" }
+        if publisher == nil { ready["dbus"] = "off" }
+        logger.info("storebrokerd ready", metadata: ready)
+        publisher?.start()
         return BrokerDaemon(
             configuration: configuration, broker: broker, logger: logger, serverChannel: serverChannel,
-            registry: registry, lock: lock,
+            registry: registry, lock: lock, publisher: publisher,
             socketInode: configuration.inheritedSocket == nil ? DaemonPaths.inode(of: socketPath) : nil)
     }
 
@@ -219,6 +228,7 @@ public final class BrokerDaemon: Sendable {
         logger.info("shutting down")
         try? await serverChannel.close()
         await broker.shutdown()
+        await publisher?.stop()
         await registry.closeAll(message: "storebrokerd is shutting down")
         if let socketInode, DaemonPaths.inode(of: configuration.socketPath) == socketInode {
             unlink(configuration.socketPath)

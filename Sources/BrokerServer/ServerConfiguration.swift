@@ -25,7 +25,8 @@ public struct ServerConfiguration: Sendable {
     public var inheritedSocket: Int32?
 
     public enum DBusSetting: Hashable, Sendable {
-        case sessionBus
+        /// The session bus: `DBUS_SESSION_BUS_ADDRESS` as read by the caller, else `$XDG_RUNTIME_DIR/bus`.
+        case sessionBus(address: String?)
         case address(String)
         case disabled
     }
@@ -33,7 +34,7 @@ public struct ServerConfiguration: Sendable {
     public init(
         socketPath: String, broker: BrokerConfiguration, engineDirectories: [String] = [],
         environmentEnginePath: String? = nil, maxFrameLength: Int = WireProtocol.defaultMaxFrameLength,
-        maxInFlight: Int = 128, dbus: DBusSetting = .sessionBus, allowRules: [AccessRule] = [],
+        maxInFlight: Int = 128, dbus: DBusSetting = .disabled, allowRules: [AccessRule] = [],
         inheritedSocket: Int32? = nil
     ) {
         self.socketPath = socketPath

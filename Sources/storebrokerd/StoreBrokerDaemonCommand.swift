@@ -49,7 +49,9 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
             valueName: "name.key=value"))
     var engineOptions: [String] = []
 
-    @Option(name: .customLong("dbus-address"), help: ArgumentHelp("The D-Bus bus to signal on.", valueName: "addr"))
+    @Option(
+        name: .customLong("dbus-address"),
+        help: ArgumentHelp("The D-Bus bus to signal on (default: the session bus).", valueName: "addr"))
     var dbusAddress: String?
 
     @Flag(name: .customLong("no-dbus"), help: "Do not signal on D-Bus.")
@@ -152,7 +154,8 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
             engineDirectories: enginePaths.map(absolute),
             environmentEnginePath: environment["STOREBROKER_ENGINE_PATH"],
             maxFrameLength: maxFrame, maxInFlight: maxInFlight,
-            dbus: noDBus ? .disabled : dbusAddress.map { .address($0) } ?? .sessionBus,
+            dbus: noDBus
+                ? .disabled : dbusAddress.map { .address($0) } ?? .sessionBus(address: environment["DBUS_SESSION_BUS_ADDRESS"]),
             allowRules: allowUIDs.compactMap(AccessRule.init(parsing:)),
             inheritedSocket: Self.socketFromSystemd(environment))
         do {

@@ -9,22 +9,28 @@ final class Daemon: @unchecked Sendable {
     let socketPath: String
     let dataDirectory: String
     let extraArguments: [String]
+    /// Whether the daemon may use D-Bus (then `extraArguments` say which bus); otherwise `--no-dbus`.
+    let dbus: Bool
     private(set) var process: ChildProcess?
     private var starts = 0
 
-    init(in directory: String, socketPath: String? = nil, arguments: [String] = []) {
+    init(
+        in directory: String, socketPath: String? = nil, dataDirectory: String? = nil, arguments: [String] = [],
+        dbus: Bool = false
+    ) {
         self.directory = directory
         self.socketPath = socketPath ?? directory + "/s.sock"
-        self.dataDirectory = directory + "/data"
+        self.dataDirectory = dataDirectory ?? directory + "/data"
         self.extraArguments = arguments
+        self.dbus = dbus
     }
 
     var arguments: [String] {
-        [binDirectory + "/storebrokerd", "--socket", socketPath, "--data-dir", dataDirectory, "--no-dbus"]
+        [binDirectory + "/storebrokerd", "--socket", socketPath, "--data-dir", dataDirectory] + (dbus ? [] : ["--no-dbus"])
             + extraArguments
     }
 
-    var logPath: String { directory + "/daemon-\(starts).log" }
+    var logPath: String { directory + "/daemon-\(ObjectIdentifier(self).hashValue)-\(starts).log" }
     var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
 
     /// Starts the daemon and waits until it answers (`storectl ping --wait`).

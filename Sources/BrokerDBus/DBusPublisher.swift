@@ -1,0 +1,363 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import BrokerCore
+import CDBus
+import DequeModule
+import Foundation
+import Logging
+import Synchronization
+import Wire
+
+/// Broadcasts commits as D-Bus signals (dconf's model: the only writer signals names, listeners fetch values).
+///
+/// The writer only appends to a bounded queue (`CommitObserver` calls, under the store's lock); a thread of
+/// the publisher's own owns the libdbus connection, drains the queue, merges consecutive signals of one store
+/// with the same operation that piled up (ids joined, the last sequence), sends them, answers
+/// `Introspectable` and `Peer`, and reconnects with a capped backoff when the bus goes away (logging one
+/// warning), so the writer never waits for D-Bus and socket subscribers never notice it.
+public final class DBusPublisher: CommitObserver, Sendable {
+    /// Where the bus is.
+    public enum Bus: Hashable, Sendable {
+        /// `DBUS_SESSION_BUS_ADDRESS` as read by the caller; else `unix:path=$XDG_RUNTIME_DIR/bus`.
+        case session(address: String?)
+        case address(String)
+    }
+
+    /// The most ids one signal carries; a longer list is cut and the signal says `complete: false`.
+    public static let maxIDsPerSignal = 1000
+    /// The most signals waiting; past it a signal is merged into the last one of its store (or dropped).
+    public static let queueCapacity = 16_384
+
+    struct Signal: Sendable {
+        enum Kind: Sendable, Equatable {
+            case store(operation: String)
+            case value(secure: Bool)
+        }
+
+        var kind: Kind
+        var name: String
+        var sequence: UInt64
+        var ids: [String] = []
+        var complete = true
+
+        /// Joins `next` into this one if it may: the same store and operation.
+        mutating func merge(_ next: Signal) -> Bool {
+            guard case .store = kind, kind == next.kind, name == next.name else { return false }
+            sequence = next.sequence
+            let room = DBusPublisher.maxIDsPerSignal - ids.count
+            ids += next.ids.prefix(room)
+            complete = complete && next.complete && next.ids.count <= room
+            return true
+        }
+    }
+
+    private struct Shared {
+        var queue = Deque<Signal>()
+        var dropped = 0
+        var stopping = false
+        var wakePending = false
+    }
+
+    private let address: String?
+    private let logger: Logger
+    private let shared = Mutex(Shared())
+    /// Wakes the thread: a byte written when the queue goes from empty to not empty, or at stop.
+    private let wakeRead: Int32
+    private let wakeWrite: Int32
+    private let finished = Mutex<CheckedContinuation<Void, Never>?>(nil)
+    private let done = Mutex(false)
+
+    public init(bus: Bus, logger: Logger) {
+        switch bus {
+        case .address(let address): self.address = address
+        case .session(let address):
+            if let address, !address.isEmpty {
+                self.address = address
+            } else if let runtime = ProcessInfo.processInfo.environment["XDG_RUNTIME_DIR"], runtime.hasPrefix("/") {
+                self.address = "unix:path=\(runtime)/bus"
+            } else {
+                self.address = nil
+            }
+        }
+        self.logger = logger
+        var fds: [Int32] = [0, 0]
+        pipe(&fds)
+        for fd in fds {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        }
+        wakeRead = fds[0]
+        wakeWrite = fds[1]
+    }
+
+    deinit {
+        close(wakeRead)
+        close(wakeWrite)
+    }
+
+    /// Starts the publishing thread.
+    public func start() {
+        dbus_threads_init_default()
+        let thread = Thread { [self] in
+            run()
+            let waiter = finished.withLock { waiter in
+                done.withLock { $0 = true }
+                defer { waiter = nil }
+                return waiter
+            }
+            waiter?.resume()
+        }
+        thread.name = "storebroker-dbus"
+        thread.start()
+    }
+
+    /// Stops the thread (signals still queued are sent first if the bus is there).
+    public func stop() async {
+        shared.withLock { $0.stopping = true }
+        wake()
+        await withCheckedContinuation { continuation in
+            let already = finished.withLock { waiter -> Bool in
+                if done.withLock({ $0 }) { return true }
+                waiter = continuation
+                return false
+            }
+            if already { continuation.resume() }
+        }
+    }
+
+    // MARK: CommitObserver (the writer's side: never blocks)
+
+    public func storeCommitted(store: String, epoch: UInt64, sequence: UInt64, steps: [EventStep]) {
+        for step in steps {
+            let (operation, ids): (String, [String]) =
+                switch step {
+                case .insert(let records): ("insert", records.prefix(Self.maxIDsPerSignal).map(\.id.string))
+                case .remove(let ids): ("remove", ids.prefix(Self.maxIDsPerSignal).map(\.string))
+                }
+            let count: Int =
+                switch step {
+                case .insert(let records): records.count
+                case .remove(let removed): removed.count
+                }
+            enqueue(
+                Signal(kind: .store(operation: operation), name: store, sequence: sequence, ids: ids, complete: count <= ids.count))
+        }
+    }
+
+    public func valueChanged(name: String, sequence: UInt64, secure: Bool) {
+        enqueue(Signal(kind: .value(secure: secure), name: name, sequence: sequence))
+    }
+
+    private func enqueue(_ signal: Signal) {
+        let mustWake = shared.withLock { shared -> Bool in
+            if shared.queue.count >= Self.queueCapacity {
+                // Full: fold it into the last signal if that is of the same store and operation, else drop it.
+                if var last = shared.queue.last, last.merge(signal) {
+                    last.complete = false
+                    shared.queue[shared.queue.count - 1] = last
+                } else {
+                    shared.dropped += 1
+                }
+                return false
+            }
+            shared.queue.append(signal)
+            defer { shared.wakePending = true }
+            return !shared.wakePending
+        }
+        if mustWake { wake() }
+    }
+
+    private func wake() {
+        var byte: UInt8 = 1
+        _ = write(wakeWrite, &byte, 1)
+    }
+
+    // MARK: The publishing thread
+
+    private func run() {
+        var connection: OpaquePointer?
+        var backoff: Int32 = 100  // ms
+        var warned = false
+        while true {
+            if connection == nil {
+                if shared.withLock({ $0.stopping }) { return }
+                switch connect() {
+                case .success(let opened):
+                    connection = opened
+                    backoff = 100
+                    warned = false
+                    logger.info("D-Bus: publishing on \(address ?? "?")", metadata: ["dbus.name": "\(StoreBrokerDBus.busName)"])
+                case .failure(let message):
+                    if !warned {
+                        logger.warning("D-Bus: no bus reachable (\(message)); the broker runs on and keeps trying")
+                        warned = true
+                    } else {
+                        logger.debug("D-Bus: still no bus: \(message)")
+                    }
+                    // Signals for a bus that is not there have no listener: let them go.
+                    shared.withLock { $0.queue.removeAll() }
+                    waitForWake(timeout: backoff)
+                    backoff = min(backoff * 2, 2000)
+                    continue
+                }
+            }
+            guard let open = connection else { continue }
+            let stopping = send(on: open)
+            if stopping {
+                dbus_connection_flush(open)
+                dbus_connection_close(open)
+                dbus_connection_unref(open)
+                return
+            }
+            if !serve(open) {
+                logger.warning("D-Bus: the bus went away; reconnecting")
+                dbus_connection_close(open)
+                dbus_connection_unref(open)
+                connection = nil
+                continue
+            }
+            waitForWake(timeout: 1000, dbusFD: fileDescriptor(of: open))
+        }
+    }
+
+    private enum Connected {
+        case success(OpaquePointer)
+        case failure(String)
+    }
+
+    private func connect() -> Connected {
+        guard let address else { return .failure("no session bus address (DBUS_SESSION_BUS_ADDRESS, XDG_RUNTIME_DIR)") }
+        var error = DBusError()
+        dbus_error_init(&error)
+        defer { dbus_error_free(&error) }
+        guard let connection = dbus_connection_open_private(address, &error) else {
+            return .failure(Self.text(error, "cannot connect to \(address)"))
+        }
+        dbus_connection_set_exit_on_disconnect(connection, 0)
+        guard dbus_bus_register(connection, &error) != 0 else {
+            dbus_connection_close(connection)
+            dbus_connection_unref(connection)
+            return .failure(Self.text(error, "cannot register on \(address)"))
+        }
+        let reply = dbus_bus_request_name(connection, StoreBrokerDBus.busName, UInt32(DBUS_NAME_FLAG_DO_NOT_QUEUE), &error)
+        if reply != DBUS_REQUEST_NAME_REPLY_PRIMARY_OWNER && reply != DBUS_REQUEST_NAME_REPLY_ALREADY_OWNER {
+            logger.warning(
+                "D-Bus: \(StoreBrokerDBus.busName) is owned by another process; signalling anyway from \(String(cString: dbus_bus_get_unique_name(connection)))")
+        }
+        return .success(connection)
+    }
+
+    private static func text(_ error: DBusError, _ fallback: String) -> String {
+        guard let message = error.message else { return fallback }
+        return String(cString: message)
+    }
+
+    /// Sends what is queued, merged; returns whether the publisher is stopping.
+    private func send(on connection: OpaquePointer) -> Bool {
+        let (batch, dropped, stopping) = shared.withLock { shared in
+            defer {
+                shared.queue.removeAll(keepingCapacity: true)
+                shared.dropped = 0
+                shared.wakePending = false
+            }
+            return (Array(shared.queue), shared.dropped, shared.stopping)
+        }
+        if dropped > 0 { logger.warning("D-Bus: \(dropped) signals dropped (the bus is slower than the writers)") }
+        var merged: [Signal] = []
+        for signal in batch {
+            if var last = merged.last, last.merge(signal) {
+                merged[merged.count - 1] = last
+            } else {
+                merged.append(signal)
+            }
+        }
+        for signal in merged { emit(signal, on: connection) }
+        if !merged.isEmpty { dbus_connection_flush(connection) }
+        return stopping
+    }
+
+    private func emit(_ signal: Signal, on connection: OpaquePointer) {
+        let member: String
+        switch signal.kind {
+        case .store: member = "StoreEvent"
+        case .value: member = "ValueChanged"
+        }
+        guard let message = dbus_message_new_signal(StoreBrokerDBus.objectPath, StoreBrokerDBus.interface, member) else { return }
+        defer { dbus_message_unref(message) }
+        var iterator = DBusMessageIter()
+        dbus_message_iter_init_append(message, &iterator)
+        sb_dbus_append_string(&iterator, signal.name)
+        sb_dbus_append_uint64(&iterator, dbus_uint64_t(signal.sequence))
+        switch signal.kind {
+        case .store(let operation):
+            sb_dbus_append_string(&iterator, operation)
+            var array = DBusMessageIter()
+            sb_dbus_open_string_array(&iterator, &array)
+            for id in signal.ids { sb_dbus_append_string(&array, id) }
+            dbus_message_iter_close_container(&iterator, &array)
+            sb_dbus_append_bool(&iterator, signal.complete ? 1 : 0)
+        case .value(let secure):
+            sb_dbus_append_bool(&iterator, secure ? 1 : 0)
+        }
+        dbus_connection_send(connection, message, nil)
+    }
+
+    /// Reads and answers what came in; `false` when the connection is gone.
+    private func serve(_ connection: OpaquePointer) -> Bool {
+        guard dbus_connection_read_write(connection, 0) != 0 else { return false }
+        while let message = dbus_connection_pop_message(connection) {
+            defer { dbus_message_unref(message) }
+            if dbus_message_is_signal(message, "org.freedesktop.DBus.Local", "Disconnected") != 0 { return false }
+            guard dbus_message_get_type(message) == sb_dbus_type_method_call else { continue }
+            answer(message, on: connection)
+        }
+        return dbus_connection_get_is_connected(connection) != 0
+    }
+
+    private func answer(_ call: OpaquePointer, on connection: OpaquePointer) {
+        let reply: OpaquePointer?
+        if dbus_message_is_method_call(call, "org.freedesktop.DBus.Introspectable", "Introspect") != 0 {
+            reply = dbus_message_new_method_return(call)
+            if let reply {
+                var iterator = DBusMessageIter()
+                dbus_message_iter_init_append(reply, &iterator)
+                sb_dbus_append_string(&iterator, StoreBrokerDBus.introspectionXML)
+            }
+        } else if dbus_message_is_method_call(call, "org.freedesktop.DBus.Peer", "Ping") != 0 {
+            reply = dbus_message_new_method_return(call)
+        } else if dbus_message_is_method_call(call, "org.freedesktop.DBus.Peer", "GetMachineId") != 0 {
+            reply = dbus_message_new_method_return(call)
+            if let reply, let machine = dbus_get_local_machine_id() {
+                var iterator = DBusMessageIter()
+                dbus_message_iter_init_append(reply, &iterator)
+                sb_dbus_append_string(&iterator, String(cString: machine))
+                dbus_free(machine)
+            }
+        } else if dbus_message_get_no_reply(call) == 0 {
+            reply = dbus_message_new_error(call, DBUS_ERROR_UNKNOWN_METHOD, "storebrokerd only emits signals on D-Bus")
+        } else {
+            reply = nil
+        }
+        if let reply {
+            dbus_connection_send(connection, reply, nil)
+            dbus_message_unref(reply)
+            dbus_connection_flush(connection)
+        }
+    }
+
+    private func fileDescriptor(of connection: OpaquePointer) -> Int32 {
+        var fd: Int32 = -1
+        return dbus_connection_get_unix_fd(connection, &fd) != 0 ? fd : -1
+    }
+
+    /// Sleeps until a signal is queued, the bus has something for us, or `timeout` ms pass.
+    private func waitForWake(timeout: Int32, dbusFD: Int32 = -1) {
+        if shared.withLock({ !$0.queue.isEmpty || $0.stopping }) { return }
+        var fds = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
+        if dbusFD >= 0 { fds.append(pollfd(fd: dbusFD, events: Int16(POLLIN), revents: 0)) }
+        _ = poll(&fds, nfds_t(fds.count), timeout)
+        var drain = [UInt8](repeating: 0, count: 64)
+        while read(wakeRead, &drain, drain.count) > 0 {}
+    }
+}
