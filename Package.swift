@@ -142,6 +142,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        .testTarget(name: "BrokerDBusTests", dependencies: ["BrokerDBus", "Wire"]),
         // RemoteStore, RemoteValue and the testing product against a temporary broker in the test process.
         .testTarget(
             name: "ClientTests",

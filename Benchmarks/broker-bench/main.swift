@@ -10,6 +10,7 @@ import Wire
 struct Options {
     var engines = ["sqlite", "memory"]
     var runs = 3
+    var dbusBurst = false
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -17,12 +18,45 @@ struct Options {
             switch argument {
             case "--runs": runs = Int(iterator.next() ?? "") ?? runs
             case "--engine": engines = (iterator.next() ?? "").split(separator: ",").map(String.init)
+            case "--dbus-burst": dbusBurst = true
             default:
-                FileHandle.standardError.write(Data("usage: broker-bench [--runs N] [--engine sqlite,memory]\n".utf8))
+                FileHandle.standardError.write(Data("usage: broker-bench [--runs N] [--engine sqlite,memory] [--dbus-burst]\n".utf8))
                 exit(64)
             }
         }
     }
+}
+
+let binDirectory = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent().path
+
+/// Starts a process with a clean signal mask (a task's thread may block SIGTERM, and children inherit it:
+/// PITFALLS.md); stdout and stderr go to `output` (or stay the bench's).
+func spawn(_ arguments: [String], output: String? = nil) throws -> pid_t {
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    var empty = sigset_t()
+    sigemptyset(&empty)
+    posix_spawnattr_setsigmask(&attributes, &empty)
+    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK))
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    if let output {
+        posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+    }
+    let argv = arguments.map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    var pid: pid_t = 0
+    guard posix_spawn(&pid, arguments[0], &actions, &attributes, argv, environ) == 0 else { throw POSIXError(.EIO) }
+    return pid
+}
+
+func stopProcess(_ pid: pid_t, _ signal: Int32 = SIGTERM) {
+    kill(pid, signal)
+    var status: Int32 = 0
+    waitpid(pid, &status, 0)
 }
 
 /// The daemon under test, started from this binary's directory.
@@ -31,20 +65,16 @@ final class DaemonProcess {
     let socket: String
     let pid: pid_t
 
-    init(engine: String) throws {
+    /// `dbus`: a bus address to signal on; `nil`: `--no-dbus`.
+    init(engine: String, dbus: String? = nil) throws {
         var template = Array("/tmp/sb-bench-XXXXXX".utf8CString)
         directory = String(cString: mkdtemp(&template)!)
         socket = directory + "/s.sock"
-        let bin = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent().path
         let arguments = [
-            bin + "/storebrokerd", "--socket", socket, "--data-dir", directory + "/data", "--engine", engine, "--no-dbus",
+            binDirectory + "/storebrokerd", "--socket", socket, "--data-dir", directory + "/data", "--engine", engine,
             "--log-level", "warning",
-        ]
-        let argv = arguments.map { strdup($0) } + [nil]
-        defer { argv.forEach { free($0) } }
-        var pid: pid_t = 0
-        guard posix_spawn(&pid, arguments[0], nil, nil, argv, environ) == 0 else { throw POSIXError(.EIO) }
-        self.pid = pid
+        ] + (dbus.map { ["--dbus-address", $0] } ?? ["--no-dbus"])
+        pid = try spawn(arguments)
     }
 
     func connect() async throws -> BrokerConnection {
@@ -58,9 +88,7 @@ final class DaemonProcess {
     }
 
     func stop() {
-        kill(pid, SIGTERM)
-        var status: Int32 = 0
-        waitpid(pid, &status, 0)
+        stopProcess(pid)
         try? FileManager.default.removeItem(atPath: directory)
     }
 }
@@ -168,7 +196,70 @@ func measure(engine: String) async throws -> Figures {
     return figures
 }
 
+/// 10,000 single-item inserts from 8 connections at once (1,250 each, each waiting for its answer): writes/s.
+func burst(_ daemon: DaemonProcess) async throws -> Double {
+    var connections: [BrokerConnection] = []
+    for _ in 0..<8 { connections.append(try await daemon.connect()) }
+    let clock = ContinuousClock()
+    let start = clock.now
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        for (index, client) in connections.enumerated() {
+            group.addTask {
+                for n in 0..<1250 {
+                    _ = try await client.send(.insert(.init(store: "burst", items: [item("c\(index)-\(n)", bytes: 200)])))
+                }
+            }
+        }
+        try await group.waitForAll()
+    }
+    let rate = 10_000 / seconds(clock.now - start)
+    for client in connections { await client.close() }
+    return rate
+}
+
+/// The D-Bus cost: the same burst with --no-dbus, and with signals to a private dbus-daemon that a
+/// dbus-monitor listens to (every signal delivered to a listener).
+func dbusBurst(runs: Int) async throws {
+    var template = Array("/tmp/sb-bus-XXXXXX".utf8CString)
+    let directory = String(cString: mkdtemp(&template)!)
+    defer { try? FileManager.default.removeItem(atPath: directory) }
+    let address = "unix:path=\(directory)/bus"
+    let bus = try spawn(["/usr/bin/dbus-daemon", "--session", "--nofork", "--address=\(address)"], output: directory + "/bus.log")
+    defer { stopProcess(bus) }
+    try await Task.sleep(for: .milliseconds(300))
+    let monitorOutput = directory + "/monitor.out"
+    let monitor = try spawn(
+        ["/usr/bin/dbus-monitor", "--address", address, "type='signal',interface='org.storebroker.StoreBroker1'"], output: monitorOutput)
+    defer { stopProcess(monitor) }
+    var without: [Double] = []
+    var with: [Double] = []
+    for _ in 0..<runs {
+        let plain = try DaemonProcess(engine: "sqlite")
+        without.append(try await burst(plain))
+        plain.stop()
+        let signalling = try DaemonProcess(engine: "sqlite", dbus: address)
+        with.append(try await burst(signalling))
+        signalling.stop()
+    }
+    try await Task.sleep(for: .milliseconds(500))
+    let text = (try? String(contentsOfFile: monitorOutput, encoding: .utf8)) ?? ""
+    let signals = text.components(separatedBy: "member=StoreEvent").count - 1
+    let ids = text.components(separatedBy: "      string \"c").count - 1
+    print("| burst of 10,000 writes (8 clients, sqlite) | writes/s |")
+    print("|---|---:|")
+    print("| --no-dbus | \(String(format: "%.0f", median(without))) |")
+    print("| D-Bus on, dbus-monitor listening | \(String(format: "%.0f", median(with))) |")
+    print("")
+    print("ratio (D-Bus on / off): \(String(format: "%.2f", median(with) / median(without))); runs off: "
+        + without.map { String(format: "%.0f", $0) }.joined(separator: ", ") + "; on: " + with.map { String(format: "%.0f", $0) }.joined(separator: ", "))
+    print("the monitor received \(signals) StoreEvent signals carrying \(ids) ids for \(10_000 * runs) writes")
+}
+
 let options = Options(Array(CommandLine.arguments.dropFirst()))
+if options.dbusBurst {
+    try await dbusBurst(runs: options.runs)
+    exit(0)
+}
 print("broker-bench: \(options.runs) runs per engine, medians of the runs (\(StoreBrokerVersion.string))")
 print("| engine | insert p50 | insert p99 | get p50 | pipelined inserts/s | 8 clients inserts/s | batch items/s | read 10,000 × 1 KB |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -52,8 +52,13 @@ public final class DBusPublisher: CommitObserver, Sendable {
         }
     }
 
+    /// How long the first of a burst of signals may wait for the others, so that they merge.
+    public static let gatherDelay: Duration = .milliseconds(25)
+
     private struct Shared {
         var queue = Deque<Signal>()
+        /// When the queue last went from empty to not empty.
+        var firstQueuedAt: ContinuousClock.Instant?
         var dropped = 0
         var stopping = false
         var wakePending = false
@@ -161,12 +166,16 @@ public final class DBusPublisher: CommitObserver, Sendable {
                 }
                 return false
             }
+            if shared.queue.isEmpty { shared.firstQueuedAt = .now }
             shared.queue.append(signal)
             defer { shared.wakePending = true }
             return !shared.wakePending
         }
         if mustWake { wake() }
     }
+
+    /// What is queued (tests).
+    var queuedForTesting: [Signal] { shared.withLock { Array($0.queue) } }
 
     private func wake() {
         var byte: UInt8 = 1
@@ -196,13 +205,17 @@ public final class DBusPublisher: CommitObserver, Sendable {
                         logger.debug("D-Bus: still no bus: \(message)")
                     }
                     // Signals for a bus that is not there have no listener: let them go.
-                    shared.withLock { $0.queue.removeAll() }
+                    shared.withLock { shared in
+                        shared.queue.removeAll()
+                        shared.firstQueuedAt = nil
+                    }
                     waitForWake(timeout: backoff)
                     backoff = min(backoff * 2, 2000)
                     continue
                 }
             }
             guard let open = connection else { continue }
+            gather()
             let stopping = send(on: open)
             if stopping {
                 dbus_connection_flush(open)
@@ -253,11 +266,24 @@ public final class DBusPublisher: CommitObserver, Sendable {
         return String(cString: message)
     }
 
+    /// Lets a burst gather: waits until the oldest queued signal is `gatherDelay` old (unless stopping), so
+    /// that consecutive signals of one store merge into few. A lone signal is sent at most that late.
+    private func gather() {
+        let (first, stopping) = shared.withLock { ($0.firstQueuedAt, $0.stopping) }
+        guard let first, !stopping else { return }
+        let remaining = first + Self.gatherDelay - .now
+        guard remaining > .zero else { return }
+        let (seconds, attoseconds) = remaining.components
+        var pause = timespec(tv_sec: Int(seconds), tv_nsec: Int(attoseconds / 1_000_000_000))
+        nanosleep(&pause, nil)
+    }
+
     /// Sends what is queued, merged; returns whether the publisher is stopping.
     private func send(on connection: OpaquePointer) -> Bool {
         let (batch, dropped, stopping) = shared.withLock { shared in
             defer {
                 shared.queue.removeAll(keepingCapacity: true)
+                shared.firstQueuedAt = nil
                 shared.dropped = 0
                 shared.wakePending = false
             }
