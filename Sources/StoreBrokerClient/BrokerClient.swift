@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Foundation
 import Synchronization
 import Wire
 
@@ -149,5 +150,67 @@ struct SequenceWaiters {
     mutating func releaseAll() -> [CheckedContinuation<Void, Never>] {
         defer { waiting = [] }
         return waiting.map(\.continuation)
+    }
+}
+
+/// The part of a mirror's locked state (a store's, a value's) that loading, waiting and stopping share.
+protocol MirrorState {
+    associatedtype Update: Sendable
+    var phase: LoadState<Void> { get set }
+    var epoch: UInt64 { get }
+    var sequence: UInt64 { get }
+    var loadWaiters: [CheckedContinuation<Void, any Error>] { get set }
+    var sequenceWaiters: SequenceWaiters { get set }
+    var streams: [UUID: AsyncStream<Update>.Continuation] { get set }
+}
+
+extension MirrorState {
+    var position: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
+    var isLoaded: Bool { if case .value = phase { true } else { false } }
+}
+
+extension Mutex where Value: MirrorState {
+    /// Returns once the first state is loaded; throws what stopped the mirror.
+    func waitUntilLoaded() async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            let now: Result<Void, any Error>? = withLock { state in
+                switch state.phase {
+                case .value: return .success(())
+                case .error(let error): return .failure(error)
+                case .idle, .loading:
+                    state.loadWaiters.append(continuation)
+                    return nil
+                }
+            }
+            if let now { continuation.resume(with: now) }
+        }
+    }
+
+    /// Returns once the mirror holds the commit at (epoch, sequence), or has stopped.
+    func waitUntilReached(epoch: UInt64, sequence: UInt64) async {
+        await withCheckedContinuation { continuation in
+            let waiting = withLock { state in
+                if case .error = state.phase { return false }
+                return state.sequenceWaiters.wait(
+                    epoch: epoch, sequence: sequence, mirror: state.position, continuation)
+            }
+            if !waiting { continuation.resume() }
+        }
+    }
+
+    /// The mirror stops for good: waiters are released (load waiters with the error), streams end.
+    func stop(with error: any Error) {
+        let failure = error as? StoreBrokerError ?? StoreBrokerError(.protocolViolation, "\(error)")
+        let (loaded, released, streams) = withLock { state in
+            state.phase = .error(failure)
+            defer {
+                state.loadWaiters = []
+                state.streams = [:]
+            }
+            return (state.loadWaiters, state.sequenceWaiters.releaseAll(), Array(state.streams.values))
+        }
+        for waiter in loaded { waiter.resume(throwing: error) }
+        for waiter in released { waiter.resume() }
+        for stream in streams { stream.finish() }
     }
 }

@@ -51,7 +51,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
     private let state: Mutex<Mirror>
     private let follower = Mutex<Task<Void, Never>?>(nil)
 
-    private struct Mirror: @unchecked Sendable {  // OrderedTable of Sendable items; only touched under the lock
+    private struct Mirror: MirrorState, @unchecked Sendable {  // OrderedTable of Sendable items, under the lock
         var items = OrderedTable<String, Item>()
         var phase: LoadState<Void> = .idle
         var epoch: UInt64 = 0
@@ -59,9 +59,6 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
         var loadWaiters: [CheckedContinuation<Void, any Error>] = []
         var sequenceWaiters = SequenceWaiters()
         var streams: [UUID: AsyncStream<StoreEvent<Item>>.Continuation] = [:]
-
-        var position: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
-        var isLoaded: Bool { if case .value = phase { true } else { false } }
     }
 
     /// A store whose items are identified by `cacheIdentifier`. Starts following the broker at once.
@@ -108,20 +105,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
     }
 
     /// Returns once the first snapshot is loaded; throws what stopped the mirror (an undecodable item, say).
-    public func itemsHaveLoaded() async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            let now: Result<Void, any Error>? = state.withLock { mirror in
-                switch mirror.phase {
-                case .value: return .success(())
-                case .error(let error): return .failure(error)
-                case .idle, .loading:
-                    mirror.loadWaiters.append(continuation)
-                    return nil
-                }
-            }
-            if let now { continuation.resume(with: now) }
-        }
-    }
+    public func itemsHaveLoaded() async throws { try await state.waitUntilLoaded() }
 
     /// Every change from now on: `initialized`, then `loaded` (at once if already loaded), then one event per
     /// step of each commit. A stream ends when the store is closed.
@@ -160,7 +144,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
             let failure = await follower.run(
                 resumePoint: { [weak self] in self?.resumePoint() ?? .snapshot },
                 handle: { [weak self] push in try self?.apply(push) })
-            if let failure { stop(with: failure) }
+            if let failure { state.stop(with: failure) }
         }
         self.follower.withLock { $0 = task }
     }
@@ -239,21 +223,6 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
         for waiter in released { waiter.resume() }
     }
 
-    private func stop(with error: any Error) {
-        let failure = error as? StoreBrokerError ?? StoreBrokerError(.protocolViolation, "\(error)")
-        let (loaded, released, streams) = state.withLock { mirror in
-            mirror.phase = .error(failure)
-            defer {
-                mirror.loadWaiters = []
-                mirror.streams = [:]
-            }
-            return (mirror.loadWaiters, mirror.sequenceWaiters.releaseAll(), Array(mirror.streams.values))
-        }
-        for waiter in loaded { waiter.resume(throwing: error) }
-        for waiter in released { waiter.resume() }
-        for stream in streams { stream.finish() }
-    }
-
     // MARK: Writing
 
     private func payload(_ item: Item) throws -> Wire.Item {
@@ -280,14 +249,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
             throw StoreBrokerError(.protocolViolation, "a write was answered with \(answer.type.name)")
         }
         guard result.committed else { return }
-        await withCheckedContinuation { continuation in
-            let waiting = state.withLock { mirror in
-                if case .error = mirror.phase { return false }
-                return mirror.sequenceWaiters.wait(
-                    epoch: result.epoch, sequence: result.sequence, mirror: mirror.position, continuation)
-            }
-            if !waiting { continuation.resume() }
-        }
+        await state.waitUntilReached(epoch: result.epoch, sequence: result.sequence)
     }
 
     /// Inserts an item, or replaces the one with its id in place.

@@ -12,7 +12,7 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
     private let state: Mutex<State>
     private let follower = Mutex<Task<Void, Never>?>(nil)
 
-    private struct State: @unchecked Sendable {  // Value is Sendable; the waiters' continuations too
+    private struct State: MirrorState, @unchecked Sendable {  // Value is Sendable; the continuations too
         var value: Value?
         var phase: LoadState<Void> = .idle
         var epoch: UInt64 = 0
@@ -20,9 +20,6 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
         var loadWaiters: [CheckedContinuation<Void, any Error>] = []
         var sequenceWaiters = SequenceWaiters()
         var streams: [UUID: AsyncStream<Value?>.Continuation] = [:]
-
-        var position: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
-        var isLoaded: Bool { if case .value = phase { true } else { false } }
     }
 
     init(client: BrokerClient, namespace: Namespace, name: String) {
@@ -36,7 +33,7 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
             let failure = await follower.run(
                 resumePoint: { [weak self] in self?.resumePoint() ?? .snapshot },
                 handle: { [weak self] push in try await self?.apply(push) })
-            if let failure { self?.stop(with: failure) }
+            if let failure { self?.state.stop(with: failure) }
         }
         self.follower.withLock { $0 = task }
     }
@@ -107,35 +104,7 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
         for waiter in released { waiter.resume() }
     }
 
-    private func stop(with error: any Error) {
-        let failure = error as? StoreBrokerError ?? StoreBrokerError(.protocolViolation, "\(error)")
-        let (loaded, released, streams) = state.withLock { state in
-            state.phase = .error(failure)
-            defer {
-                state.loadWaiters = []
-                state.streams = [:]
-            }
-            return (state.loadWaiters, state.sequenceWaiters.releaseAll(), Array(state.streams.values))
-        }
-        for waiter in loaded { waiter.resume(throwing: error) }
-        for waiter in released { waiter.resume() }
-        for stream in streams { stream.finish() }
-    }
-
-    func hasLoaded() async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            let now: Result<Void, any Error>? = state.withLock { state in
-                switch state.phase {
-                case .value: return .success(())
-                case .error(let error): return .failure(error)
-                case .idle, .loading:
-                    state.loadWaiters.append(continuation)
-                    return nil
-                }
-            }
-            if let now { continuation.resume(with: now) }
-        }
-    }
+    func hasLoaded() async throws { try await state.waitUntilLoaded() }
 
     /// The value now (once loaded), then every change.
     func stream() -> AsyncStream<Value?> {
@@ -164,14 +133,7 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
             throw StoreBrokerError(.protocolViolation, "a value write was answered with \(answer.type.name)")
         }
         guard result.committed else { return }
-        await withCheckedContinuation { continuation in
-            let waiting = state.withLock { state in
-                if case .error = state.phase { return false }
-                return state.sequenceWaiters.wait(
-                    epoch: result.epoch, sequence: result.sequence, mirror: state.position, continuation)
-            }
-            if !waiting { continuation.resume() }
-        }
+        await state.waitUntilReached(epoch: result.epoch, sequence: result.sequence)
     }
 
     /// Read, transform, write only if nobody wrote in between; again until that holds. Two processes

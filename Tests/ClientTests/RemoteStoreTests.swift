@@ -22,30 +22,22 @@ struct Bookmark: Codable, Sendable, Equatable {
 private func note(_ id: String, _ text: String = "") -> Note { Note(id: id, text: text.isEmpty ? "note \(id)" : text) }
 
 /// Collects a store's events as "op:ids" strings.
-private final class EventLog: @unchecked Sendable {
-    private let lock = NSLock()
-    private var entries: [String] = []
-    private var task: Task<Void, Never>?
+private final class EventLog: Sendable {
+    private let collected = Collected<String>()
+    private let task: Task<Void, Never>
 
     init<Item: Sendable>(_ events: AsyncStream<StoreEvent<Item>>, id: @escaping @Sendable (Item) -> String) {
+        let collected = collected
         task = Task {
-            for await event in events {
-                self.lock.withLock { self.entries.append("\(event.operation):\(event.items.map(id).joined(separator: ","))") }
-            }
+            for await event in events { collected.append("\(event.operation):\(event.items.map(id).joined(separator: ","))") }
         }
     }
 
-    var all: [String] { lock.withLock { entries } }
+    var all: [String] { collected.all }
 
-    func waitFor(count: Int) async -> Bool {
-        for _ in 0..<1000 {
-            if all.count >= count { return true }
-            try? await Task.sleep(for: .milliseconds(5))
-        }
-        return false
-    }
+    func waitFor(count: Int) async -> Bool { await collected.waitFor(count: count) }
 
-    deinit { task?.cancel() }
+    deinit { task.cancel() }
 }
 
 @Suite struct RemoteStoreBehaviour {
