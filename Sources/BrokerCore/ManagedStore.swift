@@ -62,7 +62,8 @@ final class ManagedStore: Sendable {
         var writing = false
         var stopping = false
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
-        var isBusy: Bool { writing }
+        /// Writing, or writes queued (a writer is about to start, or starts once the store is loaded).
+        var isBusy: Bool { writing || !pending.isEmpty }
 
         var info: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
     }
@@ -142,16 +143,18 @@ final class ManagedStore: Sendable {
             startWriterIfNeeded()
         } catch {
             logger.error("cannot load store: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
-            let (waiting, writes) = state.withLock { state in
+            let (waiting, writes, idle) = state.withLock { state in
                 state.phase = .unloaded
                 defer {
                     state.waiting = []
                     state.pending = []
+                    state.idleWaiters = []
                 }
-                return (state.waiting, Array(state.pending))
+                return (state.waiting, Array(state.pending), state.idleWaiters)
             }
             for body in waiting { body(error) }
             for write in writes { write.reply(.failure(error)) }
+            for waiter in idle { waiter.resume() }  // a shutdown waiting for these writes
         }
     }
 

@@ -181,28 +181,31 @@ struct ValueWatch<Kind: ValueKind>: AsyncParsableCommand {
                 case .setWithheld: "\"set\":true"
                 }
             }
-            let subscription = try await connection.subscribe(Kind.namespace, name: name, from: start)
-            for try await push in subscription.pushes {
-                switch push {
-                case .valueLoaded(let loaded):
-                    Output.line(
-                        "{\"op\":\"loaded\",\(label),\"epoch\":\(loaded.epoch),\"sequence\":\(loaded.sequence),\(shown(loaded.state))}")
-                case .valueEvent(let event):
-                    switch event.state {
-                    case .unset: Output.line("{\"op\":\"reset\",\(label),\"sequence\":\(event.sequence)}")
-                    case .set: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence),\(shown(event.state))}")
-                    case .setWithheld: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence)}")
+            while true {
+                let subscription = try await connection.subscribe(Kind.namespace, name: name, from: start)
+                for try await push in subscription.pushes {
+                    switch push {
+                    case .valueLoaded(let loaded):
+                        Output.line(
+                            "{\"op\":\"loaded\",\(label),\"epoch\":\(loaded.epoch),\"sequence\":\(loaded.sequence),\(shown(loaded.state))}")
+                    case .valueEvent(let event):
+                        switch event.state {
+                        case .unset: Output.line("{\"op\":\"reset\",\(label),\"sequence\":\(event.sequence)}")
+                        case .set: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence),\(shown(event.state))}")
+                        case .setWithheld: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence)}")
+                        }
+                    case .historyGone(let notice):
+                        Output.line("{\"op\":\"history-gone\",\(label),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
+                    case .lagged(let notice):
+                        // A value's only history is its latest state: resume from the last one printed (the
+                        // broker answers "history gone" and the current state if it moved on).
+                        Output.line("{\"op\":\"lagged\",\(label),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
+                        start = .resume(epoch: notice.epoch, sequence: notice.sequence)
+                    default: break
                     }
-                case .historyGone(let notice):
-                    Output.line("{\"op\":\"history-gone\",\(label),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
-                case .lagged(let notice):
-                    // A value's only history is its latest state: start over from a fresh snapshot.
-                    Output.line("{\"op\":\"lagged\",\(label),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
-                    throw Failure(Failure.unavailable, "the watch fell behind; run it again")
-                default: break
                 }
+                // The stream ends without an error only after `lagged`: subscribe again from there.
             }
-            throw Failure(Failure.unavailable, "the subscription ended")
         }
     }
 }

@@ -184,6 +184,26 @@ extension Integration {
             }
         }
 
+        @Test func aTerminalGetsTables() async throws {
+            guard FileManager.default.isExecutableFile(atPath: "/usr/bin/script") else { return }
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"1","text":"milk"}"#, #"{"id":"22","text":"eggs"}"#])
+                // `script` runs storectl on a pseudo-terminal: the default format becomes the table.
+                func onTerminal(_ arguments: String) async throws -> String {
+                    let child = try ChildProcess(
+                        ["/usr/bin/script", "-qec", "\(binDirectory)/storectl --socket \(daemon.socketPath) \(arguments)", "/dev/null"],
+                        stdoutPath: daemon.directory + "/tty.out", stderrPath: daemon.directory + "/tty.err", in: daemon.directory)
+                    #expect(await child.wait(atMost: 60) == 0, "\(child.stderr)")
+                    return child.stdout.replacingOccurrences(of: "\r", with: "")
+                }
+                let query = try await onTerminal("query notes").split(separator: "\n").map(String.init)
+                #expect(query.first?.hasPrefix("ID  UPDATED") == true, "\(query)")
+                #expect(query.count == 3 && query[1].hasPrefix("1   ") && query[1].hasSuffix(#"{"id":"1","text":"milk"}"#))
+                let stores = try await onTerminal("stores")
+                #expect(stores.hasPrefix("NAME   COUNT  SEQUENCE  ENGINE\nnotes  2      1         sqlite"), "\(stores)")
+            }
+        }
+
         @Test func cannotConnectIsExitCode69() async throws {
             try await withTemporaryDirectory { directory in
                 let result = try await runStorectl(["--socket", directory + "/none.sock", "count", "s"], in: directory)
