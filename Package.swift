@@ -146,7 +146,10 @@ let package = Package(
         // RemoteStore, RemoteValue and the testing product against a temporary broker in the test process.
         .testTarget(
             name: "ClientTests",
-            dependencies: ["StoreBrokerClient", "StoreBrokerTesting", "Wire", "TestSupport"]
+            dependencies: [
+                "StoreBrokerClient", "StoreBrokerTesting", "Wire", "TestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+            ]
         ),
         // The real storebrokerd and storectl binaries on temporary sockets and data directories.
         .testTarget(
