@@ -44,12 +44,12 @@ redis() {  # label, redis-benchmark arguments
 
 start_redis --appendonly no
 {
-    redis "1 client" -t set,get -n 20000 -c 1
-    redis "1 client -P 16" -t set -n 200000 -c 1 -P 16
-    redis "50 clients" -t set -n 100000 -c 50
+    redis "1 client" -t set,get -n 20000 -c 1 -d 200
+    redis "1 client -P 16" -t set -n 200000 -c 1 -P 16 -d 200
+    redis "50 clients" -t set -n 100000 -c 50 -d 200
 } >"$work/redis.tsv"
 start_redis --appendonly yes --appendfsync always
-redis "1 client, appendfsync always" -t set -n 5000 -c 1 >>"$work/redis.tsv"
+redis "1 client, appendfsync always" -t set -n 5000 -c 1 -d 200 >>"$work/redis.tsv"
 
 .build/release/broker-bench --runs 3 | tee "$work/broker.md" >&2
 
