@@ -138,13 +138,13 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
 
     private func start() {
         let follower = SubscriptionFollower(client: client, namespace: .store, name: name)
+        // Weak all the way: the follower must not keep the store alive (deinit cancels it).
         let task = Task { [weak self] in
-            guard let self else { return }
-            state.withLock { $0.phase = .loading }
+            self?.state.withLock { $0.phase = .loading }
             let failure = await follower.run(
                 resumePoint: { [weak self] in self?.resumePoint() ?? .snapshot },
                 handle: { [weak self] push in try self?.apply(push) })
-            if let failure { state.stop(with: failure) }
+            if let failure { self?.state.stop(with: failure) }
         }
         self.follower.withLock { $0 = task }
     }

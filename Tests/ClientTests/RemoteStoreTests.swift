@@ -145,6 +145,24 @@ private final class EventLog: Sendable {
         }
     }
 
+    @Test func aStoreNoLongerReferencedIsReleased() async throws {
+        try await withTemporaryBroker { client in
+            weak var released: RemoteStore<Note>?
+            do {
+                let store = RemoteStore<Note>(client: client, name: "notes")
+                try await store.itemsHaveLoaded()
+                try await store.insert(note("1"))
+                released = store
+            }
+            var gone = false
+            for _ in 0..<200 where !gone {
+                gone = released == nil
+                if !gone { try await Task.sleep(for: .milliseconds(10)) }
+            }
+            #expect(gone, "the mirror's follower keeps the store alive")
+        }
+    }
+
     @Test func afterARestartTheMirrorResumesAndEndsEqualToTheBroker() async throws {
         let broker = try await TemporaryBroker()
         defer { Task { await broker.remove() } }
