@@ -1,4 +1,3 @@
-import Synchronization
 import Wire
 
 /// Opening, creating and dropping the engine store behind a place (a store, or a value namespace), with
@@ -71,41 +70,5 @@ struct EnginePlace: Sendable {
         } catch {
             throw WireError(error.code == .full ? .storageFull : .engineError, error.description)
         }
-    }
-}
-
-/// The part of a writer's locked state (a store's, a value namespace's) that shutdown needs.
-protocol WriterState {
-    /// No new writes are accepted.
-    var stopping: Bool { get set }
-    /// A writer task is running (or a load that may start one).
-    var isBusy: Bool { get }
-    /// Resumed when the writer goes idle.
-    var idleWaiters: [CheckedContinuation<Void, Never>] { get set }
-    var engineStore: (any EngineStore)? { get set }
-}
-
-extension Mutex where Value: WriterState {
-    /// Refuses new writes, waits for the queued ones to finish, then closes the engine store.
-    func shutDownWriter() async {
-        let busy = withLock { state in
-            state.stopping = true
-            return state.isBusy
-        }
-        if busy {
-            await withCheckedContinuation { continuation in
-                let idle = withLock { state in
-                    guard state.isBusy else { return true }
-                    state.idleWaiters.append(continuation)
-                    return false
-                }
-                if idle { continuation.resume() }
-            }
-        }
-        let store = withLock { state in
-            defer { state.engineStore = nil }
-            return state.engineStore
-        }
-        await store?.close()
     }
 }

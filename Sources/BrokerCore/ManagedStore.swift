@@ -7,7 +7,7 @@ import Wire
 public typealias Reply = @Sendable (Result<ServerMessage, WireError>) -> Void
 
 /// A write waiting for the store's writer.
-struct PendingWrite: Sendable {
+struct PendingWrite: QueuedWrite {
     enum Kind: Sendable {
         case write(WriteOperation)
         case drop
@@ -62,8 +62,8 @@ final class ManagedStore: Sendable {
         var writing = false
         var stopping = false
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
-        /// Writing, or writes queued (a writer is about to start, or starts once the store is loaded).
-        var isBusy: Bool { writing || !pending.isEmpty }
+
+        mutating func markLoadFailed() { phase = .unloaded }
 
         var info: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
     }
@@ -143,18 +143,7 @@ final class ManagedStore: Sendable {
             startWriterIfNeeded()
         } catch {
             logger.error("cannot load store: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
-            let (waiting, writes, idle) = state.withLock { state in
-                state.phase = .unloaded
-                defer {
-                    state.waiting = []
-                    state.pending = []
-                    state.idleWaiters = []
-                }
-                return (state.waiting, Array(state.pending), state.idleWaiters)
-            }
-            for body in waiting { body(error) }
-            for write in writes { write.reply(.failure(error)) }
-            for waiter in idle { waiter.resume() }  // a shutdown waiting for these writes
+            state.failLoad(error)
         }
     }
 

@@ -46,11 +46,11 @@ final class ValueSpace: Sendable {
         var writing = false
         var stopping = false
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
-        /// Writing, or writes queued (a writer is about to start, or starts once the store is loaded).
-        var isBusy: Bool { writing || !pending.isEmpty }
+
+        mutating func markLoadFailed() { loading = false }
     }
 
-    struct Write: Sendable {
+    struct Write: QueuedWrite {
         var name: String
         /// `nil`: reset.
         var value: ByteBuffer?
@@ -116,18 +116,7 @@ final class ValueSpace: Sendable {
             startWriterIfNeeded()
         } catch {
             logger.error("cannot load: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
-            let (waiting, writes, idle) = state.withLock { state in
-                state.loading = false
-                defer {
-                    state.waiting = []
-                    state.pending = []
-                    state.idleWaiters = []
-                }
-                return (state.waiting, Array(state.pending), state.idleWaiters)
-            }
-            for body in waiting { body(error) }
-            for write in writes { write.reply(.failure(error)) }
-            for waiter in idle { waiter.resume() }  // a shutdown waiting for these writes
+            state.failLoad(error)
         }
     }
 

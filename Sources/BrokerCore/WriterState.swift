@@ -1,0 +1,75 @@
+import DequeModule
+import Synchronization
+import Wire
+
+// What a store's writer and a value namespace's writer share: failing a load and shutting down.
+
+/// A write waiting in a writer's queue.
+protocol QueuedWrite: Sendable {
+    var reply: Reply { get }
+}
+
+/// The part of a writer's locked state (a store's, a value namespace's) that loading and shutdown share.
+protocol WriterState {
+    associatedtype Write: QueuedWrite
+    /// Writes waiting for the writer, in order.
+    var pending: Deque<Write> { get set }
+    /// A writer task is running.
+    var writing: Bool { get }
+    /// Requests waiting for the load to finish.
+    var waiting: [@Sendable (WireError?) -> Void] { get set }
+    /// No new writes are accepted.
+    var stopping: Bool { get set }
+    /// Resumed when the writer goes idle.
+    var idleWaiters: [CheckedContinuation<Void, Never>] { get set }
+    var engineStore: (any EngineStore)? { get set }
+    /// The load failed: back to "not loaded", so that the next request tries again.
+    mutating func markLoadFailed()
+}
+
+extension WriterState {
+    /// Writing, or writes queued (a writer is about to start, or starts once loaded).
+    var isBusy: Bool { writing || !pending.isEmpty }
+}
+
+extension Mutex where Value: WriterState {
+    /// A failed load: every request waiting for it and every write queued behind it gets the error, and a
+    /// shutdown waiting for those writes goes on.
+    func failLoad(_ error: WireError) {
+        let (waiting, writes, idle) = withLock { state in
+            state.markLoadFailed()
+            defer {
+                state.waiting = []
+                state.pending = []
+                state.idleWaiters = []
+            }
+            return (state.waiting, Array(state.pending), state.idleWaiters)
+        }
+        for body in waiting { body(error) }
+        for write in writes { write.reply(.failure(error)) }
+        for waiter in idle { waiter.resume() }
+    }
+
+    /// Refuses new writes, waits for the queued ones to finish, then closes the engine store.
+    func shutDownWriter() async {
+        let busy = withLock { state in
+            state.stopping = true
+            return state.isBusy
+        }
+        if busy {
+            await withCheckedContinuation { continuation in
+                let idle = withLock { state in
+                    guard state.isBusy else { return true }
+                    state.idleWaiters.append(continuation)
+                    return false
+                }
+                if idle { continuation.resume() }
+            }
+        }
+        let store = withLock { state in
+            defer { state.engineStore = nil }
+            return state.engineStore
+        }
+        await store?.close()
+    }
+}
