@@ -12,6 +12,8 @@ public struct BrokerConfiguration: Sendable {
     public var engineOptions: [String: [String: String]]
     /// Commits kept per store for subscribers that resume (`--history`).
     public var history: Int
+    /// Bytes of ids and payloads those commits may hold per store (`--history-bytes`); the oldest go first.
+    public var historyBytes: Int
     /// Pushes that may wait for one subscriber before it is told it lagged (`--subscriber-buffer`).
     public var subscriberBuffer: Int
     /// The largest item payload (`--max-item`).
@@ -23,13 +25,14 @@ public struct BrokerConfiguration: Sendable {
 
     public init(
         dataDirectory: String, defaultEngine: String = "sqlite", engineOptions: [String: [String: String]] = [:],
-        history: Int = 1024, subscriberBuffer: Int = 1024, maxItemLength: Int = 1 << 20, maxBatch: Int = 10_000,
+        history: Int = 1024, historyBytes: Int = 64 << 20, subscriberBuffer: Int = 1024, maxItemLength: Int = 1 << 20, maxBatch: Int = 10_000,
         maxGroupCommit: Int = 512
     ) {
         self.dataDirectory = dataDirectory
         self.defaultEngine = defaultEngine
         self.engineOptions = engineOptions
         self.history = history
+        self.historyBytes = historyBytes
         self.subscriberBuffer = subscriberBuffer
         self.maxItemLength = maxItemLength
         self.maxBatch = maxBatch
@@ -156,7 +159,7 @@ public final class Broker: Sendable {
         case .drop(let m): submit(m.store, .drop, m.condition, reply)
         case .getValue(let m): valueSpace(m.namespace).get(m.name, reply)
         case .setValue(let m):
-            valueSpace(m.namespace).submit(.init(name: m.name, value: m.value.bytes, condition: m.condition, reply: reply))
+            valueSpace(m.namespace).submit(.init(name: m.name, value: m.value.owned.bytes, condition: m.condition, reply: reply))
         case .resetValue(let m):
             valueSpace(m.namespace).submit(.init(name: m.name, value: nil, condition: m.condition, reply: reply))
         case .subscribe(let m):

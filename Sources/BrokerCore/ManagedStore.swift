@@ -55,8 +55,8 @@ final class ManagedStore: Sendable {
         var manifest: Manifest?
         var engine: (any StorageEngine)?
         var engineStore: (any EngineStore)?
-        /// The last `--history` events, oldest first.
-        var history = Deque<ServerMessage.StoreEvent>()
+        /// The last events, oldest first, within `--history` commits and `--history-bytes`.
+        var history = EventHistory()
         var subscribers: [ObjectIdentifier: Subscription] = [:]
         var pending = Deque<PendingWrite>()
         var writing = false
@@ -231,9 +231,9 @@ final class ManagedStore: Sendable {
                     if epoch == state.epoch, sequence == state.sequence {
                         break  // nothing missed
                     } else if epoch == state.epoch, epoch != 0, sequence < state.sequence,
-                        let oldest = state.history.first?.sequence, oldest <= sequence + 1
+                        let oldest = state.history.oldestSequence, oldest <= sequence + 1
                     {
-                        for event in state.history where event.sequence > sequence {
+                        for event in state.history.events where event.sequence > sequence {
                             subscription.offer(
                                 .storeEvent(event), epoch: event.epoch, sequence: event.sequence, force: true)
                         }
@@ -442,16 +442,14 @@ final class ManagedStore: Sendable {
         }
 
         // Committed: memory, history and subscribers, in sequence order, under the lock.
-        let history = environment.configuration.history
+        let configuration = environment.configuration
         state.withLock { state in
             for outcome in outcomes {
                 guard case .committed(let sequence, let events) = outcome else { continue }
                 state.contents.apply(events)
                 let event = ServerMessage.StoreEvent(epoch: epoch, sequence: sequence, elements: events)
-                if history > 0 {
-                    if state.history.count >= history { state.history.removeFirst() }
-                    state.history.append(event)
-                }
+                state.history.append(
+                    event, maxCount: configuration.history, maxBytes: configuration.historyBytes)
                 Self.broadcast(.storeEvent(event), epoch: epoch, sequence: sequence, in: &state)
                 for observer in environment.observers {
                     observer.storeCommitted(store: name, epoch: epoch, sequence: sequence, steps: events)
@@ -523,7 +521,7 @@ final class ManagedStore: Sendable {
             state.sequence = 0
             state.manifest = nil
             state.engine = nil
-            state.history.removeAll()
+            state.history = EventHistory()
             Self.broadcast(
                 .dropped(.init(epoch: info.epoch, sequence: info.sequence)), epoch: 0, sequence: 0, in: &state)
         }
@@ -542,5 +540,41 @@ extension ItemRecord {
         self.init(
             id: ItemID(String(decoding: record.key, as: UTF8.self)), createdAt: record.createdAt,
             updatedAt: record.updatedAt, payload: Payload(record.payload))
+    }
+}
+
+/// A store's recent events, for subscribers that resume: at most `maxCount` commits and `maxBytes` bytes
+/// (ids and payloads), the oldest dropped first.
+struct EventHistory {
+    private(set) var events = Deque<ServerMessage.StoreEvent>()
+    private var sizes = Deque<Int>()
+    private(set) var bytes = 0
+
+    var oldestSequence: UInt64? { events.first?.sequence }
+
+    mutating func append(_ event: ServerMessage.StoreEvent, maxCount: Int, maxBytes: Int) {
+        let size = Self.size(of: event)
+        events.append(event)
+        sizes.append(size)
+        bytes += size
+        while let first = sizes.first, events.count > maxCount || bytes > maxBytes {
+            events.removeFirst()
+            sizes.removeFirst()
+            bytes -= first
+        }
+    }
+
+    /// The bytes an event keeps alive: its ids and payloads, plus a little per record.
+    static func size(of event: ServerMessage.StoreEvent) -> Int {
+        var total = 64
+        for step in event.elements {
+            switch step {
+            case .insert(let records):
+                for record in records { total += 32 + record.id.string.utf8.count + record.payload.count }
+            case .remove(let ids):
+                for id in ids { total += 16 + id.string.utf8.count }
+            }
+        }
+        return total
     }
 }

@@ -88,11 +88,13 @@ struct WritePlanner {
         var records: [ItemRecord] = []
         records.reserveCapacity(order.count)
         for id in order {
+            // The record outlives the request (memory, history): its payload owns its bytes.
+            let payload = payloads[id]!.owned
             let record: ItemRecord
             if let existing = current(id) {
-                record = ItemRecord(id: id, createdAt: existing.createdAt, updatedAt: now, payload: payloads[id]!)
+                record = ItemRecord(id: id, createdAt: existing.createdAt, updatedAt: now, payload: payload)
             } else {
-                record = ItemRecord(id: id, createdAt: now, updatedAt: now, payload: payloads[id]!)
+                record = ItemRecord(id: id, createdAt: now, updatedAt: now, payload: payload)
                 appendPosition[id] = appended.count
                 appended.append(id)
             }

@@ -41,6 +41,65 @@ final class RefusingHandler: ChannelInboundHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {}  // nothing it says matters
 }
 
+/// Says once per episode that accepting fails (typically EMFILE: out of file descriptors), and when it
+/// works again.
+final class AcceptTroubleLog: Sendable {
+    private let logger: Logger
+    private let troubled = Atomic<Bool>(false)
+
+    init(logger: Logger) {
+        self.logger = logger
+    }
+
+    func report(_ error: IOError) {
+        if !troubled.exchange(true, ordering: .relaxed) {
+            logger.warning(
+                "cannot accept connections: \(error); retrying every 250 ms (raise the descriptor limit or lower --max-connections)")
+        }
+    }
+
+    func accepted() {
+        if troubled.load(ordering: .relaxed), troubled.exchange(false, ordering: .relaxed) {
+            logger.notice("accepting connections again")
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit: each connection is a descriptor.
+func raiseDescriptorLimit(logger: Logger) {
+    var limit = rlimit()
+    guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+    let before = limit.rlim_cur
+    limit.rlim_cur = limit.rlim_max
+    if setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 {
+        logger.debug("raised the open-file limit from \(before) to \(limit.rlim_max)")
+    }
+}
+
+/// The connections that can really be served: `--max-connections`, or fewer when the descriptor limit leaves
+/// less room (keeping some descriptors for engines, D-Bus and refusing connections clearly).
+func effectiveConnectionCap(_ configured: Int, logger: Logger) -> Int {
+    var limit = rlimit()
+    guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < rlim_t(Int32.max) else { return configured }
+    let inUse = openDescriptorCount() ?? 32
+    let room = Int(limit.rlim_cur) - inUse - 32
+    if room < configured {
+        logger.warning(
+            "the open-file limit (\(limit.rlim_cur)) leaves room for \(max(1, room)) connections, fewer than --max-connections \(configured)")
+        return max(1, room)
+    }
+    return configured
+}
+
+/// How many descriptors this process has open (the entries of /proc/self/fd).
+func openDescriptorCount() -> Int? {
+    guard let directory = opendir("/proc/self/fd") else { return nil }
+    defer { closedir(directory) }
+    var count = -2  // "." and ".."
+    while readdir(directory) != nil { count += 1 }
+    return count - 1  // the directory's own descriptor
+}
+
 /// The daemon: a broker on a data directory, listening on a Unix socket.
 ///
 /// `start` is the one build function: `storebrokerd` calls it (through `run`), and so can tests and the
@@ -119,9 +178,11 @@ public final class BrokerDaemon: Sendable {
         }
 
         let registry = ConnectionRegistry()
+        let maxConnections = effectiveConnectionCap(configuration.maxConnections, logger: logger)
         let policy = AccessPolicy(ownUID: getuid(), rules: configuration.allowRules)
         let bootstrap = makeBootstrap(
-            configuration: configuration, broker: broker, policy: policy, registry: registry, logger: logger)
+            configuration: configuration, broker: broker, policy: policy, registry: registry,
+            maxConnections: maxConnections, logger: logger)
         let serverChannel: any Channel
         if let inherited = configuration.inheritedSocket {
             do {
@@ -165,16 +226,42 @@ public final class BrokerDaemon: Sendable {
 
     private static func makeBootstrap(
         configuration: ServerConfiguration, broker: Broker, policy: AccessPolicy, registry: ConnectionRegistry,
-        logger: Logger
+        maxConnections: Int, logger: Logger
     ) -> ServerBootstrap {
         let limits = configuration.limits
         let subscriberBuffer = configuration.broker.subscriberBuffer
+        let budget = ByteBudget(perConnection: configuration.maxConnectionBytes, total: configuration.maxTotalBytes)
+        let timeouts = Timeouts(handshake: configuration.handshakeTimeout, frame: configuration.frameTimeout)
+        let acceptTrouble = AcceptTroubleLog(logger: logger)
         return ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .serverChannelOption(.backlog, value: 256)
+            .serverChannelOption(.backlog, value: Int32(clamping: configuration.listenBacklog))
+            .serverChannelInitializer { channel in
+                // Out of descriptors (EMFILE): stop accepting for a moment instead of retrying at once, with one
+                // log line per episode.
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(
+                        AcceptBackoffHandler(shouldForwardIOErrorCaught: false) { error in
+                            acceptTrouble.report(error)
+                            return .milliseconds(250)
+                        })
+                }
+            }
             .childChannelOption(.maxMessagesPerRead, value: 4)
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelOption(.writeBufferWaterMark, value: .init(low: 64 * 1024, high: 256 * 1024))
             .childChannelInitializer { channel in
-                peerCredentials(of: channel).flatMap { credentials in
+                registry.track(channel)
+                acceptTrouble.accepted()
+                if registry.count > maxConnections {
+                    logger.debug("refused a connection: \(maxConnections) connections are open")
+                    let error = WireError(
+                        .tooManyConnections,
+                        "storebrokerd serves at most \(maxConnections) connections at once (--max-connections); try again later")
+                    return channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(RefusingHandler(error: error))
+                    }
+                }
+                return peerCredentials(of: channel).flatMap { credentials in
                     var connectionLogger = logger
                     connectionLogger[metadataKey: "peer.pid"] = "\(credentials?.pid ?? 0)"
                     connectionLogger[metadataKey: "peer.uid"] = "\(credentials.map { String($0.uid) } ?? "?")"
@@ -194,7 +281,8 @@ public final class BrokerDaemon: Sendable {
                         try channel.pipeline.syncOperations.addHandler(
                             ConnectionHandler(
                                 broker: broker, limits: limits, subscriberBuffer: subscriberBuffer,
-                                registry: registry, context: context, logger: connectionLogger))
+                                registry: registry, budget: budget, timeouts: timeouts, context: context,
+                                logger: connectionLogger))
                     }
                 }
             }
@@ -229,7 +317,7 @@ public final class BrokerDaemon: Sendable {
         try? await serverChannel.close()
         await broker.shutdown()
         await publisher?.stop()
-        await registry.closeAll(message: "storebrokerd is shutting down")
+        await registry.closeAll(message: "storebrokerd is shutting down", timeout: configuration.shutdownTimeout)
         if let socketInode, DaemonPaths.inode(of: configuration.socketPath) == socketInode {
             unlink(configuration.socketPath)
         }
@@ -246,6 +334,7 @@ public final class BrokerDaemon: Sendable {
         signal(SIGTERM, SIG_IGN)
         signal(SIGINT, SIG_IGN)
         signal(SIGPIPE, SIG_IGN)
+        raiseDescriptorLimit(logger: logger)
 
         let daemon = try await start(configuration: configuration, logger: logger)
         let (signals, continuation) = AsyncStream.makeStream(of: Int32.self)

@@ -22,6 +22,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private let limits: ServerSession.Limits
     private let subscriberBuffer: Int
     private let registry: ConnectionRegistry
+    private let budget: ByteBudget
+    private let timeouts: Timeouts
     private var requestContext: RequestContext
     private var logger: Logger
     private var session: ServerSession
@@ -44,6 +46,18 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     private var readHeld = false
     private var closing = false
+    /// The client shut its sending side: answer what it asked, then close.
+    private var inputClosed = false
+    /// Bytes of answers ready but not yet written (waiting behind an earlier request).
+    private var readyBytes = 0
+    /// What this connection counts for in `budget` now.
+    private var accounted = 0
+    private var recheck: Scheduled<Void>?
+    private var handshakeTimer: Scheduled<Void>?
+    private var frameTimer: Scheduled<Void>?
+    /// Frames decoded so far, and the partial frame now buffered (after which frame, since when).
+    private var framesSeen: UInt64 = 0
+    private var partialFrame: (index: UInt64, since: NIODeadline)?
     /// Set while `processInput` runs: answers given synchronously (reads from memory) must not re-enter it.
     private var processing = false
 
@@ -61,9 +75,11 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     init(
         broker: Broker, limits: ServerSession.Limits, subscriberBuffer: Int, registry: ConnectionRegistry,
-        context: RequestContext, logger: Logger
+        budget: ByteBudget, timeouts: Timeouts, context: RequestContext, logger: Logger
     ) {
         self.broker = broker
+        self.budget = budget
+        self.timeouts = timeouts
         self.requestContext = context
         self.limits = limits
         self.subscriberBuffer = subscriberBuffer
@@ -78,11 +94,25 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     func channelActive(context: ChannelHandlerContext) {
         registry.add(context.channel, goodbye: NIOLoopBound(self, eventLoop: context.eventLoop))
+        budget.connectionOpened()
+        let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
+        handshakeTimer = context.eventLoop.scheduleTask(in: .init(timeouts.handshake)) {
+            loop.value.timedOut("no hello within \(loop.value.timeouts.handshake)")
+        }
         context.fireChannelActive()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
         closing = true
+        handshakeTimer?.cancel()
+        frameTimer?.cancel()
+        recheck?.cancel()
+        budget.adjust(by: -accounted)
+        budget.connectionClosed()
+        accounted = 0
+        readyBytes = 0
+        input = ByteBuffer()
+        slots = []
         registry.remove(context.channel)
         for subscription in subscriptions.values { broker.unsubscribe(subscription) }
         subscriptions = [:]
@@ -97,12 +127,46 @@ final class ConnectionHandler: ChannelDuplexHandler {
         context.close(promise: nil)
     }
 
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case .inputClosed = event as? ChannelEvent {
+            // A half-close: the requests already sent are still answered (closeIfDone), then the connection closes.
+            inputClosed = true
+            processInput()
+            closeIfDone()
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    /// After a half-close, closes once every request has been answered and written.
+    private func closeIfDone() {
+        guard inputClosed, !closing, slots.isEmpty, let context else { return }
+        if input.readableBytes > 0, session.state != .closed {
+            logger.debug("the client half-closed in the middle of a frame")
+        }
+        closing = true
+        // Writes complete in order: once this empty one is written, so is every answer before it.
+        context.writeAndFlush(wrapOutboundOut(ByteBuffer())).whenComplete { _ in context.close(promise: nil) }
+    }
+
+    /// The handshake or a frame took too long: an error, then close.
+    private func timedOut(_ what: String) {
+        guard let context, !closing else { return }
+        logger.debug("closing a connection: \(what)")
+        closing = true
+        let error = ServerSession.errorFrame(WireError(.timedOut, what), id: 0)
+        context.channel.closeAfterLastWord(context.writeAndFlush(wrapOutboundOut(error)))
+    }
+
     // MARK: Input
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !closing else { return }  // after the last word, input is read and dropped until the close
         var bytes = unwrapInboundIn(data)
-        input.writeBuffer(&bytes)
+        if input.readableBytes == 0 {
+            input = bytes  // no copy: what was read becomes the input
+        } else {
+            input.writeBuffer(&bytes)
+        }
         processInput()
     }
 
@@ -115,17 +179,58 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     private func canRead(_ context: ChannelHandlerContext) -> Bool {
-        closing || (slots.count < limits.maxInFlight && context.channel.isWritable)
+        closing || (input.readableBytes < budget.perConnection && mayStartRequests(context))
+    }
+
+    /// Whether another request may start: under the in-flight cap, the socket taking answers, this
+    /// connection's unsent answers under its byte cap, and, when all connections together hold more than
+    /// `--max-total-bytes`, this one under its share (a connection that holds nothing is always served).
+    private func mayStartRequests(_ context: ChannelHandlerContext) -> Bool {
+        guard slots.count < limits.maxInFlight, context.channel.isWritable else { return false }
+        let unsent = readyBytes + bufferedBytes(context)
+        guard unsent < budget.perConnection else { return false }
+        if accounted > 0, !budget.allows(accounted) {
+            scheduleRecheck(context)
+            return false
+        }
+        return true
+    }
+
+    private func bufferedBytes(_ context: ChannelHandlerContext) -> Int {
+        (try? context.channel.syncOptions?.getOption(.bufferedWritableBytes)) ?? 0
+    }
+
+    /// Brings this connection's count in the shared budget up to date.
+    private func account(_ context: ChannelHandlerContext) {
+        let now = input.readableBytes + readyBytes + bufferedBytes(context)
+        if now != accounted {
+            budget.adjust(by: now - accounted)
+            accounted = now
+        }
+    }
+
+    /// Held back by the total budget, which other connections free: look again shortly.
+    private func scheduleRecheck(_ context: ChannelHandlerContext) {
+        guard recheck == nil else { return }
+        let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
+        recheck = context.eventLoop.scheduleTask(in: .milliseconds(50)) {
+            let handler = loop.value
+            handler.recheck = nil
+            guard let context = handler.context else { return }
+            handler.account(context)
+            handler.processInput()
+        }
     }
 
     private func resumeReading() {
-        guard readHeld, let context, canRead(context) else { return }
+        guard readHeld, let context, !inputClosed, canRead(context) else { return }
         readHeld = false
         context.read()
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
         if context.channel.isWritable {
+            account(context)
             drainSubscriptions()
             processInput()
             resumeReading()
@@ -141,12 +246,13 @@ final class ConnectionHandler: ChannelDuplexHandler {
         var progress = true
         while progress {
             progress = false
-            while !closing, slots.count < limits.maxInFlight, context.channel.isWritable,
-                let action = session.next(from: &input)
-            {
+            while !closing, mayStartRequests(context), let action = session.next(from: &input) {
                 progress = true
+                framesSeen &+= 1
                 switch action {
                 case .reply(let welcome):
+                    handshakeTimer?.cancel()
+                    handshakeTimer = nil
                     if case .established(let version, let name) = session.state {
                         logger[metadataKey: "client"] = "\(name)"
                         requestContext.clientName = name
@@ -157,7 +263,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
                     let id = error.getInteger(at: error.readerIndex + 8, as: UInt32.self) ?? 0
                     slots.append(Slot(id: id, answer: error))
                 case .close(let error):
-                    logger.info("closing the connection after a protocol error")
+                    logger.debug("closing the connection after a protocol error")
                     flushAnswers()
                     closing = true
                     context.channel.closeAfterLastWord(context.writeAndFlush(wrapOutboundOut(error)))
@@ -169,9 +275,51 @@ final class ConnectionHandler: ChannelDuplexHandler {
             // Answers given at once free their slots here, which may let more buffered requests in.
             flushAnswers()
         }
-        input.discardReadBytes()
+        keepOnlyUnreadInput()
         context.flush()
+        account(context)
         resumeReading()
+        watchPartialFrame(context)
+        closeIfDone()
+    }
+
+    /// Lets go of the bytes already decoded. What the daemon keeps of a request owns its bytes (payloads are
+    /// copied when planned), so the receive buffer must not stay alive, nor grow, because of them: an empty
+    /// input holds no storage, and the rest of a partial frame moves to storage of its own.
+    private func keepOnlyUnreadInput() {
+        if input.readableBytes == 0 {
+            input = ByteBuffer()
+        } else if input.readerIndex > 0 {
+            var rest = ByteBufferAllocator().buffer(capacity: input.readableBytes)
+            rest.writeBuffer(&input)
+            input = rest
+        }
+    }
+
+    /// A frame begun must be finished within the frame timeout, unless the daemon itself stopped reading.
+    private func watchPartialFrame(_ context: ChannelHandlerContext) {
+        let waitingForClient = input.readableBytes > 0 && !readHeld && !closing && mayStartRequests(context)
+        guard waitingForClient else {
+            frameTimer?.cancel()
+            frameTimer = nil
+            partialFrame = nil
+            return
+        }
+        if partialFrame?.index != framesSeen {
+            partialFrame = (framesSeen, .now())
+        }
+        guard frameTimer == nil, let started = partialFrame?.since else { return }
+        let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
+        frameTimer = context.eventLoop.scheduleTask(deadline: started + .init(timeouts.frame)) {
+            let handler = loop.value
+            handler.frameTimer = nil
+            guard let context = handler.context, let partial = handler.partialFrame else { return }
+            if partial.index == handler.framesSeen, partial.since + .init(handler.timeouts.frame) <= .now() {
+                handler.timedOut("a frame was left incomplete for \(handler.timeouts.frame)")
+            } else {
+                handler.watchPartialFrame(context)  // another frame since: its own deadline
+            }
+        }
     }
 
     private func accept(id: UInt32, _ request: ClientMessage) {
@@ -262,6 +410,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             }
         }
         slots[index].answer = out
+        readyBytes += out.readableBytes
         if write { startHeld() }
         // Inside processInput (an answer given at once) the loop goes on and flushes at its end.
         guard !processing else { return }
@@ -269,6 +418,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         context?.flush()
         processInput()
         resumeReading()
+        closeIfDone()
     }
 
     /// Writes the answers that are next in request order.
@@ -276,6 +426,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         guard let context else { return }
         var opened = false
         while let first = slots.first, let answer = first.answer {
+            readyBytes -= answer.readableBytes
             context.write(wrapOutboundOut(answer), promise: nil)
             if let subscriptionID = first.opensSubscription, subscriptions[subscriptionID] != nil {
                 flowing.insert(subscriptionID)
@@ -330,9 +481,64 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 }
 
+/// The time limits a connection lives under.
+struct Timeouts: Sendable {
+    /// From accept to a completed `hello`.
+    var handshake: Duration
+    /// From the first byte of a frame to its last, while the daemon is reading.
+    var frame: Duration
+}
+
+extension TimeAmount {
+    init(_ duration: Duration) {
+        let (seconds, attoseconds) = duration.components
+        self = .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
+    }
+}
+
+/// The bytes every connection together holds for its client (unread requests, unsent answers), against a
+/// cap per connection and a total.
+final class ByteBudget: Sendable {
+    let perConnection: Int
+    let total: Int
+    private let held = Atomic<Int>(0)
+    private let connections = Atomic<Int>(0)
+
+    init(perConnection: Int, total: Int) {
+        self.perConnection = perConnection
+        self.total = total
+    }
+
+    var heldBytes: Int { held.load(ordering: .relaxed) }
+
+    func adjust(by delta: Int) {
+        held.add(delta, ordering: .relaxed)
+    }
+
+    func connectionOpened() { connections.add(1, ordering: .relaxed) }
+    func connectionClosed() { connections.subtract(1, ordering: .relaxed) }
+
+    /// Whether a connection holding `bytes` may take more: always under the total; past it, only within its
+    /// share of the total.
+    func allows(_ bytes: Int) -> Bool {
+        guard held.load(ordering: .relaxed) > total else { return true }
+        return bytes <= total / max(1, connections.load(ordering: .relaxed))
+    }
+}
+
 /// The open connections, so shutdown can say goodbye to each.
 final class ConnectionRegistry: Sendable {
     private let connections = Mutex<[ObjectIdentifier: (any Channel, NIOLoopBound<ConnectionHandler>)]>([:])
+    private let open = Atomic<Int>(0)
+
+    /// Connections accepted and not yet closed (served or being refused).
+    var count: Int { open.load(ordering: .relaxed) }
+
+    /// Counts a connection from accept until it closes.
+    func track(_ channel: any Channel) {
+        open.add(1, ordering: .relaxed)
+        channel.closeFuture.whenComplete { _ in self.open.subtract(1, ordering: .relaxed) }
+    }
 
     func add(_ channel: any Channel, goodbye: NIOLoopBound<ConnectionHandler>) {
         connections.withLock { $0[ObjectIdentifier(channel)] = (channel, goodbye) }
@@ -342,11 +548,13 @@ final class ConnectionRegistry: Sendable {
         _ = connections.withLock { $0.removeValue(forKey: ObjectIdentifier(channel)) }
     }
 
-    /// Sends `goodbye` on every connection and waits until they are closed.
-    func closeAll(message: String) async {
+    /// Sends `goodbye` on every connection and waits until they are closed; a client that does not take its
+    /// last answers within `timeout` is closed anyway.
+    func closeAll(message: String, timeout: Duration) async {
         let all = connections.withLock { Array($0.values) }
         for (channel, handler) in all {
             channel.eventLoop.execute { handler.value.sayGoodbye(message) }
+            channel.eventLoop.scheduleTask(in: .init(timeout)) { channel.close(promise: nil) }
         }
         for (channel, _) in all {
             try? await channel.closeFuture.get()

@@ -23,6 +23,23 @@ public struct ServerConfiguration: Sendable {
     /// A listening socket handed over by systemd (`LISTEN_FDS`): used instead of binding `socketPath`, and
     /// never unlinked.
     public var inheritedSocket: Int32?
+    /// How many bytes one connection may hold (unread requests and unsent answers) before the daemon stops
+    /// reading from it (`--max-connection-bytes`). At least one frame's worth.
+    public var maxConnectionBytes: Int = 64 << 20
+    /// How many bytes all connections together may hold (`--max-total-bytes`); past it, only connections above
+    /// their share stop being read, so a connection that holds nothing is always served.
+    public var maxTotalBytes: Int = 512 << 20
+    /// Connections served at once (`--max-connections`); one more is refused with `tooManyConnections`.
+    public var maxConnections: Int = 4096
+    /// A connection must complete its `hello` within this (`--handshake-timeout`).
+    public var handshakeTimeout: Duration = .seconds(10)
+    /// A frame begun must be complete within this (`--frame-timeout`); idle connections are never closed.
+    public var frameTimeout: Duration = .seconds(30)
+    /// At shutdown, how long clients get to take their last answers before their connections are closed
+    /// (`--shutdown-timeout`).
+    public var shutdownTimeout: Duration = .seconds(10)
+    /// The listen backlog (`--listen-backlog`).
+    public var listenBacklog: Int = 4096
 
     public enum DBusSetting: Hashable, Sendable {
         /// The session bus: `DBUS_SESSION_BUS_ADDRESS` as read by the caller, else `$XDG_RUNTIME_DIR/bus`.

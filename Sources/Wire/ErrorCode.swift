@@ -34,6 +34,9 @@ public struct ErrorCode: RawRepresentable, Hashable, Sendable, Codable, CustomSt
     /// A well-formed message that the receiver does not accept in this direction or state (for example a
     /// response type sent by a client, or a second `hello`).
     public static let unexpectedMessage = ErrorCode(rawValue: 0x0007)
+    /// The peer did not complete its `hello` within the handshake timeout, or left a frame incomplete for the
+    /// frame timeout; the connection is closed.
+    public static let timedOut = ErrorCode(rawValue: 0x0008)
 
     // Request errors.
 
@@ -70,18 +73,21 @@ public struct ErrorCode: RawRepresentable, Hashable, Sendable, Codable, CustomSt
     public static let shuttingDown = ErrorCode(rawValue: 0x0203)
     /// A bug in the server.
     public static let internalError = ErrorCode(rawValue: 0x0204)
+    /// The server is at its connection limit (`--max-connections`); the connection is closed. Try again later.
+    public static let tooManyConnections = ErrorCode(rawValue: 0x0205)
 
     /// Every code this version defines, with its name.
     public static let known: [(ErrorCode, String)] = [
         (.malformed, "malformed"), (.frameTooLarge, "frameTooLarge"),
         (.unknownMessageType, "unknownMessageType"), (.unsupportedVersion, "unsupportedVersion"),
         (.badHandshake, "badHandshake"), (.invalidFlags, "invalidFlags"),
-        (.unexpectedMessage, "unexpectedMessage"), (.invalidName, "invalidName"), (.invalidID, "invalidID"),
+        (.unexpectedMessage, "unexpectedMessage"), (.timedOut, "timedOut"), (.invalidName, "invalidName"), (.invalidID, "invalidID"),
         (.itemTooLarge, "itemTooLarge"), (.batchTooLarge, "batchTooLarge"), (.conflict, "conflict"),
         (.cursorGone, "cursorGone"), (.notFound, "notFound"), (.permissionDenied, "permissionDenied"),
         (.invalidRequest, "invalidRequest"), (.notSupported, "notSupported"), (.engineError, "engineError"),
         (.engineUnavailable, "engineUnavailable"), (.storageFull, "storageFull"),
         (.shuttingDown, "shuttingDown"), (.internalError, "internalError"),
+        (.tooManyConnections, "tooManyConnections"),
     ]
 
     /// The code's name, or its hex value when this version does not know it.

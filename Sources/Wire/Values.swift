@@ -60,6 +60,15 @@ public struct Payload: Hashable, Sendable, Codable, CustomStringConvertible {
 
     public var count: Int { bytes.readableBytes }
 
+    /// The same bytes in storage of their own, sized to them. A payload decoded from a frame is a slice of the
+    /// connection's receive buffer and keeps all of it alive; whatever is kept beyond the request (a store's
+    /// items, its history, a value) must be this copy.
+    public var owned: Payload {
+        var copy = ByteBufferAllocator().buffer(capacity: bytes.readableBytes)
+        copy.writeImmutableBuffer(bytes)
+        return Payload(copy)
+    }
+
     public var description: String { "\(count) bytes" }
 
     public init(from decoder: any Decoder) throws {

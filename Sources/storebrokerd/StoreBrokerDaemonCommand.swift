@@ -69,6 +69,11 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
     var history: Int = 1024
 
     @Option(
+        name: .customLong("history-bytes"),
+        help: ArgumentHelp("Bytes of ids and payloads that history may hold per store.", valueName: "bytes"))
+    var historyBytes: Int = 64 << 20
+
+    @Option(
         name: .customLong("subscriber-buffer"),
         help: ArgumentHelp("Pushes one subscriber may have waiting before it is told it lagged.", valueName: "n"))
     var subscriberBuffer: Int = 1024
@@ -91,6 +96,43 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         name: .customLong("max-in-flight"),
         help: ArgumentHelp("Unanswered requests per connection before the daemon stops reading it.", valueName: "n"))
     var maxInFlight: Int = 128
+
+    @Option(
+        name: .customLong("max-connections"),
+        help: ArgumentHelp("Connections served at once; one more is refused (tooManyConnections).", valueName: "n"))
+    var maxConnections: Int = 4096
+
+    @Option(
+        name: .customLong("max-connection-bytes"),
+        help: ArgumentHelp(
+            "Bytes one connection may hold (unread requests, unsent answers) before the daemon stops reading it.",
+            valueName: "bytes"))
+    var maxConnectionBytes: Int = 64 << 20
+
+    @Option(
+        name: .customLong("max-total-bytes"),
+        help: ArgumentHelp(
+            "Bytes all connections may hold together; past it only connections above their share wait.",
+            valueName: "bytes"))
+    var maxTotalBytes: Int = 512 << 20
+
+    @Option(
+        name: .customLong("handshake-timeout"),
+        help: ArgumentHelp("Seconds a new connection has to send its hello.", valueName: "seconds"))
+    var handshakeTimeout: Double = 10
+
+    @Option(
+        name: .customLong("frame-timeout"),
+        help: ArgumentHelp("Seconds a frame may stay half sent (idle connections are never closed).", valueName: "seconds"))
+    var frameTimeout: Double = 30
+
+    @Option(
+        name: .customLong("shutdown-timeout"),
+        help: ArgumentHelp("Seconds clients get to take their last answers at shutdown.", valueName: "seconds"))
+    var shutdownTimeout: Double = 10
+
+    @Option(name: .customLong("listen-backlog"), help: ArgumentHelp("The socket's listen backlog.", valueName: "n"))
+    var listenBacklog: Int = 4096
 
     @Option(
         name: .customLong("log-level"),
@@ -117,6 +159,21 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         }
         guard maxBatch >= 1 else { throw ValidationError("--max-batch must be at least 1") }
         guard maxInFlight >= 1 else { throw ValidationError("--max-in-flight must be at least 1") }
+        guard historyBytes >= 0 else { throw ValidationError("--history-bytes cannot be negative") }
+        guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
+        guard maxConnectionBytes >= maxFrame + 65536 else {
+            throw ValidationError("--max-connection-bytes must hold a whole frame: at least --max-frame + 65536")
+        }
+        guard maxTotalBytes >= maxConnectionBytes else {
+            throw ValidationError("--max-total-bytes must be at least --max-connection-bytes")
+        }
+        for (name, value) in [
+            ("--handshake-timeout", handshakeTimeout), ("--frame-timeout", frameTimeout),
+            ("--shutdown-timeout", shutdownTimeout),
+        ] where !(value > 0 && value <= 86400) {
+            throw ValidationError("\(name) takes seconds, more than 0 and at most 86400")
+        }
+        guard listenBacklog >= 1 else { throw ValidationError("--listen-backlog must be at least 1") }
         _ = try parsedEngineOptions()
     }
 
@@ -146,11 +203,11 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         let environment = ProcessInfo.processInfo.environment
         let socketPath = absolute(socket ?? SocketPath.default(environment: environment, uid: getuid()))
         let data = absolute(dataDirectory ?? DaemonPaths.defaultDataDirectory(environment: environment))
-        let configuration = ServerConfiguration(
+        var configuration = ServerConfiguration(
             socketPath: socketPath,
             broker: BrokerConfiguration(
                 dataDirectory: data, defaultEngine: engine, engineOptions: try parsedEngineOptions(), history: history,
-                subscriberBuffer: subscriberBuffer, maxItemLength: maxItem, maxBatch: maxBatch),
+                historyBytes: historyBytes, subscriberBuffer: subscriberBuffer, maxItemLength: maxItem, maxBatch: maxBatch),
             engineDirectories: enginePaths.map(absolute),
             environmentEnginePath: environment["STOREBROKER_ENGINE_PATH"],
             maxFrameLength: maxFrame, maxInFlight: maxInFlight,
@@ -158,6 +215,13 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
                 ? .disabled : dbusAddress.map { .address($0) } ?? .sessionBus(address: environment["DBUS_SESSION_BUS_ADDRESS"]),
             allowRules: allowUIDs.compactMap(AccessRule.init(parsing:)),
             inheritedSocket: Self.socketFromSystemd(environment))
+        configuration.maxConnections = maxConnections
+        configuration.maxConnectionBytes = maxConnectionBytes
+        configuration.maxTotalBytes = maxTotalBytes
+        configuration.handshakeTimeout = .milliseconds(Int64(handshakeTimeout * 1000))
+        configuration.frameTimeout = .milliseconds(Int64(frameTimeout * 1000))
+        configuration.shutdownTimeout = .milliseconds(Int64(shutdownTimeout * 1000))
+        configuration.listenBacklog = listenBacklog
         do {
             try await BrokerDaemon.run(configuration: configuration, logger: logger)
         } catch {

@@ -3,13 +3,13 @@ import NIOCore
 import Wire
 
 /// A client that speaks the protocol byte by byte over a blocking socket, to send what a well-behaved client
-/// never would. Reads time out after 20 s, so a test fails rather than hangs.
+/// never would. Reads time out (after 20 s unless told), so a test fails rather than hangs.
 final class RawClient {
     let fd: Int32
     private var input = ByteBuffer()
     private var session = ClientSession(clientName: "raw-test")
 
-    init(socketPath: String) throws {
+    init(socketPath: String, timeout: Int = 20) throws {
         fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw POSIXError(.EIO) }
         var address = sockaddr_un()
@@ -24,11 +24,14 @@ final class RawClient {
             close(fd)
             throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
         }
-        var timeout = timeval(tv_sec: 20, tv_usec: 0)
+        var timeout = timeval(tv_sec: timeout, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     }
 
     deinit { close(fd) }
+
+    /// Ends the connection both ways now (the descriptor is closed when the client goes away).
+    func disconnect() { shutdown(fd, Int32(SHUT_RDWR)) }
 
     func send(_ bytes: [UInt8]) {
         var rest = bytes[...]

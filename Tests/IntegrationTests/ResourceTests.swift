@@ -1,0 +1,145 @@
+import Foundation
+import NIOCore
+import Testing
+import TestSupport
+import Wire
+
+/// The daemon's resident memory in bytes (`VmRSS` of /proc/PID/status).
+func residentBytes(of daemon: Daemon) -> Int {
+    guard let pid = daemon.process?.pid,
+        let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") })
+    else { return 0 }
+    let kilobytes = line.split(separator: " ").compactMap { Int($0) }.first ?? 0
+    return kilobytes * 1024
+}
+
+let mebibyte = 1 << 20
+
+/// `count` items of `size` payload bytes, ids `prefix0`, `prefix1`, ...
+func filler(_ prefix: String, count: Int, size: Int, from start: Int = 0) -> [Item] {
+    let payload = ByteBuffer(repeating: UInt8(ascii: "x"), count: size)
+    return (start..<start + count).map { Item(id: ItemID("\(prefix)\($0)"), payload: Payload(payload)) }
+}
+
+extension Integration {
+    /// What one client can make the daemon hold is bounded in bytes, and memory comes back afterwards
+    /// (issue "Bounded memory whatever clients do").
+    @Suite struct Resources {
+        /// Payloads kept by the store own their bytes: they must not pin the connection's receive buffer, so
+        /// small inserts after one large request cost what they store, not a copy of the large frame each.
+        @Test func payloadsDoNotPinTheReceiveBuffer() async throws {
+            try await Daemon.with(arguments: ["--engine", "memory"]) { daemon in
+                let baseline = residentBytes(of: daemon)
+                let client = try RawClient(socketPath: daemon.socketPath)
+                try client.handshake()
+                var id: UInt32 = 1
+                for round in 0..<4 {
+                    try client.request(.insert(.init(store: "big", items: filler("b", count: 5000, size: 1000))), id: id)
+                    guard case .writeResult = try client.nextMessage()?.message else {
+                        Issue.record("no answer to the large insert (round \(round))")
+                        return
+                    }
+                    id += 1
+                    for small in 0..<100 {
+                        try client.request(
+                            .insert(.init(store: "small", items: filler("s\(round)-", count: 1, size: 16, from: small))),
+                            id: id)
+                        guard case .writeResult = try client.nextMessage()?.message else {
+                            Issue.record("no answer to a small insert")
+                            return
+                        }
+                        id += 1
+                    }
+                }
+                let after = residentBytes(of: daemon)
+                print("payloads: daemon resident \(baseline / mebibyte) MiB before, \(after / mebibyte) MiB after 4 × (5,000 × 1 KB + 100 small inserts)")
+                #expect(after <= baseline + 128 * mebibyte)
+                #expect(try await daemon.storectl(["count", "small"]).stdout == "400\n")
+            }
+        }
+
+        /// A client that pipelines large reads without reading the answers is held to its byte budget; the daemon
+        /// keeps answering everyone else meanwhile, and its memory comes back once the client is gone.
+        @Test func pipelinedLargeReadsAreBoundedInBytes() async throws {
+            let totalCap = 256 * mebibyte
+            try await Daemon.with(arguments: ["--engine", "memory", "--max-total-bytes", "\(totalCap)"]) { daemon in
+                let loader = try RawClient(socketPath: daemon.socketPath)
+                try loader.handshake()
+                for batch in 0..<4 {
+                    try loader.request(
+                        .insert(.init(store: "wide", items: filler("w", count: 5000, size: 1000, from: batch * 5000))),
+                        id: UInt32(batch + 1))
+                    _ = try loader.nextMessage()
+                }
+                let baseline = residentBytes(of: daemon)
+
+                let greedy = try RawClient(socketPath: daemon.socketPath)
+                try greedy.handshake()
+                let flags = fcntl(greedy.fd, F_GETFL)
+                _ = fcntl(greedy.fd, F_SETFL, flags | O_NONBLOCK)
+                var frame = ByteBuffer()
+                try ClientMessage.queryRange(.init(store: "wide", after: nil, limit: 0)).encode(
+                    id: 7, maxFrameLength: 1 << 20, into: &frame)
+                let one = Array(frame.readableBytesView)
+                var sent = 0
+                var stalls = 0
+                var peak = baseline
+                // At most 4,000 requests (80 GB of answers if the daemon computed them all), until the socket
+                // stops taking them.
+                while sent < 4000 * one.count, stalls < 100 {
+                    let written = one.withUnsafeBytes { send(greedy.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                    if written == one.count {
+                        sent += written
+                        stalls = 0
+                    } else {
+                        #expect(written <= 0, "a partial frame")
+                        stalls += 1
+                        peak = max(peak, residentBytes(of: daemon))
+                        try await Task.sleep(for: .milliseconds(20))
+                    }
+                }
+                // Meanwhile another connection is served: 100 hello + ping exchanges, each within 5 s.
+                for _ in 0..<100 {
+                    let other = try RawClient(socketPath: daemon.socketPath, timeout: 5)
+                    try other.handshake()
+                    try other.request(.ping(.init()), id: 1)
+                    guard case .pong = try other.nextMessage()?.message else {
+                        Issue.record("no pong while a client hoards answers")
+                        return
+                    }
+                    peak = max(peak, residentBytes(of: daemon))
+                }
+                print("pipelined reads: \(sent / one.count) queryRange requests taken; resident \(baseline / mebibyte) MiB before, peak \(peak / mebibyte) MiB")
+                #expect(peak <= baseline + totalCap + 128 * mebibyte)
+                greedy.disconnect()
+                // Once it is gone, the memory it held comes back (a ping waits until the daemon saw the close).
+                #expect(await eventually(within: 10) { residentBytes(of: daemon) <= baseline + 128 * mebibyte })
+                print("pipelined reads: resident \(residentBytes(of: daemon) / mebibyte) MiB after the client left")
+            }
+        }
+
+        /// History is capped in bytes as well as in commits: a large item rewritten many times does not keep
+        /// every version.
+        @Test func historyIsCappedInBytes() async throws {
+            try await Daemon.with(arguments: ["--engine", "memory", "--history-bytes", "\(4 * mebibyte)"]) { daemon in
+                let client = try RawClient(socketPath: daemon.socketPath)
+                try client.handshake()
+                for round in 0..<40 {
+                    try client.request(
+                        .insert(.init(store: "rewritten", items: filler("same", count: 1, size: 256 * 1024))),
+                        id: UInt32(round + 1))
+                    _ = try client.nextMessage()
+                }
+                // 40 commits of 256 KiB: only the last 16 or fewer fit in 4 MiB.
+                let old = try await daemon.watch("rewritten", ["--from", "2"])
+                #expect(await eventually { old.objects.contains { $0["op"] as? String == "history-gone" } })
+                await old.stop()
+                let recent = try await daemon.watch("rewritten", ["--from", "38"])
+                #expect(await eventually { recent.objects.contains { ($0["sequence"] as? Int) == 40 } })
+                #expect(!recent.objects.contains { $0["op"] as? String == "history-gone" })
+                await recent.stop()
+            }
+        }
+    }
+}
