@@ -1,0 +1,119 @@
+import Foundation
+import NIOCore
+import Testing
+import TestSupport
+import Wire
+
+extension Integration {
+    /// No client can keep the daemon from stopping, hold connections forever, or lose answers by closing half
+    /// of its socket (issue "Bounded memory whatever clients do", liveness).
+    @Suite struct Liveness {
+        /// SIGTERM ends the daemon within --shutdown-timeout plus 2 s even while a subscriber stops reading;
+        /// acknowledged writes stay durable and the socket is removed.
+        @Test func shutdownFinishesWhileAClientStopsReading() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = Daemon(in: directory, arguments: ["--shutdown-timeout", "2"])
+                try await daemon.start()
+                let stuck = try RawClient(socketPath: daemon.socketPath)
+                try stuck.handshake()
+                try stuck.request(.subscribe(.init(name: "busy")), id: 1)
+                let writer = try RawClient(socketPath: daemon.socketPath)
+                try writer.handshake()
+                // 3,000 commits of 2 KB: far more than the socket buffers of a watcher that never reads.
+                for round in 0..<30 {
+                    for step in 0..<100 {
+                        let id = UInt32(round * 100 + step + 1)
+                        try writer.request(
+                            .insert(.init(store: "busy", items: filler("i\(id)-", count: 1, size: 2000))), id: id)
+                    }
+                    for _ in 0..<100 { _ = try writer.nextMessage() }
+                }
+                let process = try #require(daemon.process)
+                process.signal(SIGTERM)
+                let status = await process.wait(atMost: 2 + 2 + 4)  // the bound, plus slack for a loaded debug build
+                #expect(status == 0, "storebrokerd did not stop while a client was not reading (status \(status))")
+                #expect(access(daemon.socketPath, F_OK) != 0, "the socket is still there")
+                _ = stuck
+                try await daemon.start()
+                #expect(try await daemon.storectl(["count", "busy"]).stdout == "3000\n")
+                await daemon.stop()
+            }
+        }
+
+        /// A connection that never says hello is closed after --handshake-timeout with `timedOut`.
+        @Test func connectionWithoutHelloIsClosed() async throws {
+            try await Daemon.with(arguments: ["--handshake-timeout", "1"]) { daemon in
+                let silent = try RawClient(socketPath: daemon.socketPath)
+                #expect(errorCode(of: try silent.nextFrame()) == .timedOut)
+                #expect(silent.readsToEnd())
+            }
+        }
+
+        /// Half a frame left for --frame-timeout closes the connection with `timedOut`; an idle connection between
+        /// frames stays open however long it waits.
+        @Test func halfSentFrameIsClosedButIdleConnectionsStay() async throws {
+            try await Daemon.with(arguments: ["--frame-timeout", "1"]) { daemon in
+                let idle = try RawClient(socketPath: daemon.socketPath)
+                try idle.handshake()
+                let partial = try RawClient(socketPath: daemon.socketPath)
+                try partial.handshake()
+                var frame = ByteBuffer()
+                try ClientMessage.ping(.init()).encode(id: 5, maxFrameLength: 1 << 20, into: &frame)
+                partial.send(Array(frame.readableBytesView.prefix(6)))
+                #expect(errorCode(of: try partial.nextFrame()) == .timedOut)
+                // The idle one waited as long (more than the frame timeout) and is still served.
+                try idle.request(.ping(.init()), id: 2)
+                guard case .pong = try idle.nextMessage()?.message else {
+                    Issue.record("an idle connection was closed")
+                    return
+                }
+            }
+        }
+
+        /// A burst of 1,000 connects that are never retried all succeed (--listen-backlog, 4096 by default).
+        @Test func burstOfConnectsIsNotDropped() async throws {
+            try await Daemon.with { daemon in
+                var descriptors: [Int32] = []
+                defer { for fd in descriptors { close(fd) } }
+                var refused = 0
+                for _ in 0..<1000 {
+                    let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+                    var address = sockaddr_un()
+                    address.sun_family = sa_family_t(AF_UNIX)
+                    withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(daemon.socketPath.utf8)) }
+                    let result = withUnsafePointer(to: &address) {
+                        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                            connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+                        }
+                    }
+                    if result != 0 { refused += 1 }
+                    descriptors.append(fd)
+                }
+                #expect(refused == 0, "\(refused) of 1,000 connects were refused")
+            }
+        }
+
+        /// A client that sends its writes and then shuts its sending side still gets every answer, then end of
+        /// stream.
+        @Test func halfCloseStillGetsEveryAnswer() async throws {
+            try await Daemon.with { daemon in
+                let client = try RawClient(socketPath: daemon.socketPath)
+                try client.handshake()
+                for id in 1...3 {
+                    try client.request(.insert(.init(store: "half", items: filler("h\(id)-", count: 1, size: 10))), id: UInt32(id))
+                }
+                shutdown(client.fd, Int32(SHUT_WR))
+                for expected in 1...3 {
+                    let answer = try client.nextMessage()
+                    guard case .writeResult(let result)? = answer?.message else {
+                        Issue.record("answer \(expected) missing after a half-close: \(String(describing: answer))")
+                        return
+                    }
+                    #expect(answer?.id == UInt32(expected))
+                    #expect(result.sequence == UInt64(expected))
+                }
+                #expect(client.readsToEnd())
+            }
+        }
+    }
+}
