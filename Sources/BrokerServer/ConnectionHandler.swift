@@ -489,12 +489,6 @@ struct Timeouts: Sendable {
     var frame: Duration
 }
 
-extension TimeAmount {
-    init(_ duration: Duration) {
-        let (seconds, attoseconds) = duration.components
-        self = .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
-    }
-}
 
 /// The bytes every connection together holds for its client (unread requests, unsent answers), against a
 /// cap per connection and a total.

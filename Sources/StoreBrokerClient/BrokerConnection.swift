@@ -32,26 +32,36 @@ public final class BrokerConnection: Sendable {
         return SocketPath.default(environment: environment, uid: getuid())
     }
 
-    /// Connects and does the handshake.
+    /// Connects and does the handshake. With a `timeout`, connecting, the handshake and then each request
+    /// must finish within it, or fail with `timedOut` (the connection is then closed: answers come in order, so
+    /// a late one cannot be told apart). Subscriptions' pushes are never timed: a watcher may wait for hours.
     public static func connect(
-        socketPath: String = defaultSocketPath(), clientName: String
+        socketPath: String = defaultSocketPath(), clientName: String, timeout: Duration? = nil
     ) async throws(StoreBrokerError) -> BrokerConnection {
         let channel: any Channel
+        let timeAmount = timeout.map(TimeAmount.init)
         do {
-            channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            var bootstrap = ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandler(ClientHandler(clientName: clientName))
+                        try channel.pipeline.syncOperations.addHandler(
+                            ClientHandler(clientName: clientName, requestTimeout: timeAmount))
                     }
                 }
-                .connect(unixDomainSocketPath: socketPath).get()
+            if let timeAmount { bootstrap = bootstrap.connectTimeout(timeAmount) }
+            channel = try await bootstrap.connect(unixDomainSocketPath: socketPath).get()
         } catch {
             throw StoreBrokerError(.cannotConnect, "cannot connect to the broker at \(socketPath): \(Self.describe(error))")
         }
         do {
             let (welcome, handler) = try await channel.eventLoop.flatSubmit {
                 () -> EventLoopFuture<(ServerMessage.Welcome, NIOLoopBound<ClientHandler>)> in
-                let handler = try! channel.pipeline.syncOperations.handler(type: ClientHandler.self)
+                // The broker may have closed the connection already (a refusal, a crash): then the handler may be
+                // gone from the pipeline, and that is an error to report, not a crash.
+                guard let handler = try? channel.pipeline.syncOperations.handler(type: ClientHandler.self) else {
+                    return channel.eventLoop.makeFailedFuture(
+                        StoreBrokerError(.connectionClosed, "the broker closed the connection before the handshake"))
+                }
                 let bound = NIOLoopBound(handler, eventLoop: channel.eventLoop)
                 return handler.handshake().map { ($0, bound) }
             }.get()
@@ -143,14 +153,16 @@ final class ClientHandler: ChannelInboundHandler {
     private var streams: [UInt32: AsyncThrowingStream<ServerMessage, any Error>.Continuation] = [:]
     private var nextID: UInt32 = 1
     private var failure: StoreBrokerError?
+    private let requestTimeout: TimeAmount?
 
     private enum Pending {
         case request(EventLoopPromise<ServerMessage>)
         case subscribe(EventLoopPromise<BrokerSubscription>)
     }
 
-    init(clientName: String) {
+    init(clientName: String, requestTimeout: TimeAmount?) {
         session = ClientSession(clientName: clientName)
+        self.requestTimeout = requestTimeout
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -158,25 +170,58 @@ final class ClientHandler: ChannelInboundHandler {
     }
 
     func handshake() -> EventLoopFuture<ServerMessage.Welcome> {
-        let context = context!
+        guard let context else {
+            return MultiThreadedEventLoopGroup.singleton.any().makeFailedFuture(
+                StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
+        }
         let promise = context.eventLoop.makePromise(of: ServerMessage.Welcome.self)
+        if let failure {
+            promise.fail(failure)  // closed before the handshake began
+            return promise.futureResult
+        }
         welcomePromise = promise
         do {
             context.writeAndFlush(wrapOutboundOut(try session.hello()), promise: nil)
         } catch {
             promise.fail(StoreBrokerError(.protocolViolation, error.message))
         }
+        if let requestTimeout {
+            let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
+            context.eventLoop.scheduleTask(in: requestTimeout) {
+                guard loop.value.welcomePromise != nil else { return }
+                loop.value.timedOut("the broker did not answer the handshake within \(Self.describe(requestTimeout))")
+            }
+        }
         return promise.futureResult
     }
 
+    static func describe(_ time: TimeAmount) -> String {
+        let milliseconds = time.nanoseconds / 1_000_000
+        return milliseconds % 1000 == 0 ? "\(milliseconds / 1000) s" : "\(milliseconds) ms"
+    }
+
+    /// No answer in time: everything pending fails with `timedOut` and the connection closes.
+    private func timedOut(_ message: String) {
+        fail(StoreBrokerError(.timedOut, message))
+        context?.close(promise: nil)
+    }
+
     func send(_ request: ClientMessage) -> EventLoopFuture<ServerMessage> {
-        let promise = context!.eventLoop.makePromise(of: ServerMessage.self)
+        guard let context else {
+            return MultiThreadedEventLoopGroup.singleton.any().makeFailedFuture(
+                StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
+        }
+        let promise = context.eventLoop.makePromise(of: ServerMessage.self)
         write(request, .request(promise)) { promise.fail($0) }
         return promise.futureResult
     }
 
     func subscribe(_ request: ClientMessage) -> EventLoopFuture<BrokerSubscription> {
-        let promise = context!.eventLoop.makePromise(of: BrokerSubscription.self)
+        guard let context else {
+            return MultiThreadedEventLoopGroup.singleton.any().makeFailedFuture(
+                StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
+        }
+        let promise = context.eventLoop.makePromise(of: BrokerSubscription.self)
         write(request, .subscribe(promise)) { promise.fail($0) }
         return promise.futureResult
     }
@@ -191,8 +236,17 @@ final class ClientHandler: ChannelInboundHandler {
         } catch {
             return fail(StoreBrokerError(.protocolViolation, code: error.code, error.message))
         }
+        guard let context else { return fail(StoreBrokerError(.connectionClosed, "the connection to the broker closed")) }
         pending[id] = entry
-        context!.writeAndFlush(wrapOutboundOut(out), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(out), promise: nil)
+        if let requestTimeout {
+            let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
+            context.eventLoop.scheduleTask(in: requestTimeout) {
+                guard loop.value.pending[id] != nil else { return }
+                loop.value.timedOut(
+                    "the broker did not answer \(request.type.name) within \(Self.describe(requestTimeout))")
+            }
+        }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {

@@ -11,6 +11,8 @@ public struct StoreBrokerError: Error, Hashable, Sendable, CustomStringConvertib
         case connectionClosed
         /// The broker broke the protocol, or the client was asked to send something the protocol cannot carry.
         case protocolViolation
+        /// The broker did not answer in time (connect, handshake or a request); the connection was closed.
+        case timedOut
     }
 
     public var kind: Kind

@@ -7,8 +7,9 @@ struct Ping: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Check that the broker answers; prints pong.",
         discussion: """
-            With --wait, keeps trying to connect for up to SECONDS (for scripts that just started the daemon);
-            exits 69 if the broker never answered.
+            With --wait, keeps trying for up to SECONDS (for scripts that just started the daemon): a broker
+            that is not listening yet, closes the connection, refuses it as full or does not answer is tried
+            again until then; exits 69 if the broker never answered.
 
             Example:
               storebrokerd & storectl ping --wait 10
@@ -21,13 +22,28 @@ struct Ping: AsyncParsableCommand {
         try await reporting {
             let deadline = ContinuousClock.now + .milliseconds(Int64(max(0, wait) * 1000))
             while true {
+                // With --wait, an attempt may take what is left of the wait (at least 100 ms), but no more than
+                // --timeout; without it, the one attempt has --timeout.
+                var attempt = global.requestTimeout
+                if wait > 0 {
+                    let left = max(deadline - ContinuousClock.now, .milliseconds(100))
+                    attempt = min(left, attempt ?? left)
+                }
                 do {
-                    let connection = try await BrokerConnection.connect(socketPath: global.socketPath, clientName: "storectl")
-                    _ = try await connection.send(.ping(.init()))
+                    let connection = try await global.connect(timeout: attempt)
+                    do {
+                        _ = try await connection.send(.ping(.init()))
+                    } catch {
+                        await connection.close()
+                        throw error
+                    }
                     await connection.close()
                     Output.line("pong")
                     return
-                } catch let error as StoreBrokerError where error.kind == .cannotConnect || error.kind == .connectionClosed {
+                } catch let failure as Failure where failure.code == Failure.unavailable {
+                    if ContinuousClock.now >= deadline { throw failure }
+                    try await Task.sleep(for: .milliseconds(50))
+                } catch let error as StoreBrokerError where Failure(error).code == Failure.unavailable {
                     if ContinuousClock.now >= deadline { throw error }
                     try await Task.sleep(for: .milliseconds(50))
                 }

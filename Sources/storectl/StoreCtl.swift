@@ -34,9 +34,9 @@ struct StoreCtl: AsyncParsableCommand {
     static func main() async {
         var arguments = Array(CommandLine.arguments.dropFirst())
         var hoisted: [String] = []
-        while let first = arguments.first, first.hasPrefix("--socket") {
+        while let first = arguments.first, let option = ["--socket", "--timeout"].first(where: { first.hasPrefix($0) }) {
             hoisted.append(arguments.removeFirst())
-            if first == "--socket", !arguments.isEmpty { hoisted.append(arguments.removeFirst()) }
+            if first == option, !arguments.isEmpty { hoisted.append(arguments.removeFirst()) }
         }
         if arguments.isEmpty {
             arguments = hoisted
@@ -52,11 +52,24 @@ struct GlobalOptions: ParsableArguments {
     @Option(help: ArgumentHelp("The broker's socket.", valueName: "path"))
     var socket: String?
 
+    @Option(help: ArgumentHelp(
+        "Give up (exit 69) when the broker does not accept, greet or answer a request within this long; 0 waits forever.",
+        valueName: "seconds"))
+    var timeout: Double = 30
+
     var socketPath: String { socket ?? BrokerConnection.defaultSocketPath() }
 
-    func connect() async throws -> BrokerConnection {
+    /// The `--timeout`, nil for none.
+    var requestTimeout: Duration? { timeout > 0 ? .milliseconds(Int64(timeout * 1000)) : nil }
+
+    func validate() throws {
+        guard timeout >= 0, timeout.isFinite else { throw ValidationError("--timeout must be 0 (none) or a number of seconds") }
+    }
+
+    func connect(timeout: Duration? = nil) async throws -> BrokerConnection {
         do {
-            return try await BrokerConnection.connect(socketPath: socketPath, clientName: "storectl")
+            return try await BrokerConnection.connect(
+                socketPath: socketPath, clientName: "storectl", timeout: timeout ?? requestTimeout)
         } catch {
             throw Failure(error)
         }
@@ -94,7 +107,7 @@ struct Failure: Error, CustomStringConvertible {
     init(_ error: StoreBrokerError) {
         message = error.description
         switch error.kind {
-        case .cannotConnect, .connectionClosed: code = Self.unavailable
+        case .cannotConnect, .connectionClosed, .timedOut: code = Self.unavailable
         case .protocolViolation: code = Self.protocolError
         case .refused:
             switch error.code ?? .internalError {
@@ -103,7 +116,7 @@ struct Failure: Error, CustomStringConvertible {
             case .cursorGone, .notFound: code = Self.notFound
             case .permissionDenied: code = Self.permission
             case .engineError, .engineUnavailable, .storageFull: code = Self.ioError
-            case .shuttingDown: code = Self.unavailable
+            case .shuttingDown, .tooManyConnections, .timedOut: code = Self.unavailable
             case .notSupported, .internalError: code = Self.software
             default: code = Self.protocolError
             }

@@ -117,3 +117,43 @@ extension Integration {
         }
     }
 }
+
+extension Integration {
+    /// storectl and the client library end with a clear error, never a crash or a hang, whatever the other end of
+    /// the socket does (issue "Bounded memory whatever clients do", item 16).
+    @Suite struct ClientLiveness {
+        /// A "broker" that accepts and closes at once: every run of storectl exits 69 with a message (it crashed
+        /// on a `try!` before).
+        @Test func brokerThatClosesAtOnceIsReportedNotCrashed() async throws {
+            try await withTemporaryDirectory { directory in
+                let fake = try FakeBroker(socketPath: directory + "/fake.sock", behaviour: .closeAtOnce)
+                defer { fake.stop() }
+                for run in 0..<60 {
+                    let arguments = run % 2 == 0 ? ["ping"] : ["count", "notes"]
+                    let result = try await runStorectl(arguments + ["--socket", fake.socketPath], in: directory)
+                    #expect(result.status == 69, "run \(run): status \(result.status), stderr \(result.stderr)")
+                    #expect(result.stderr.contains("closed"), "run \(run): \(result.stderr)")
+                    if result.status != 69 { break }
+                }
+            }
+        }
+
+        /// A "broker" that accepts and never answers: `--timeout` ends each command with 69 and says what it
+        /// waited for, and `ping --wait` gives up when its wait is over (runStorectl kills after 60 s, so a
+        /// hang fails the test instead of stalling it).
+        @Test func brokerThatNeverAnswersTimesOut() async throws {
+            try await withTemporaryDirectory { directory in
+                let fake = try FakeBroker(socketPath: directory + "/fake.sock", behaviour: .neverAnswer)
+                defer { fake.stop() }
+                var result = try await runStorectl(["--timeout", "1", "count", "notes", "--socket", fake.socketPath], in: directory)
+                #expect(result.status == 69)
+                #expect(result.stderr.contains("did not answer the handshake within 1 s"), "\(result.stderr)")
+                result = try await runStorectl(["ping", "--wait", "2", "--socket", fake.socketPath], in: directory)
+                #expect(result.status == 69)
+                #expect(result.stderr.contains("did not answer"), "\(result.stderr)")
+                result = try await runStorectl(["ping", "--timeout", "1", "--socket", fake.socketPath], in: directory)
+                #expect(result.status == 69)
+            }
+        }
+    }
+}
