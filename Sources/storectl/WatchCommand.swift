@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Synchronization
 import StoreBrokerClient
 import Wire
 
@@ -43,6 +44,11 @@ struct Watch: AsyncParsableCommand {
                     "{\"op\":\"resumed\",\"store\":\(JSON.string(store)),\"epoch\":\(resumeEpoch!),\"sequence\":\(from)}")
             }
             let name = JSON.string(store)
+            // --timeout bounds everything up to the first line: a snapshot's "loaded" must arrive in time too.
+            let watchdog = Watchdog()
+            if case .snapshot = start, let timeout = global.requestTimeout {
+                watchdog.arm(after: timeout) { await connection.close() }
+            }
             while true {
                 let subscription = try await connection.subscribe(name: store, from: start)
                 var lagged: (UInt64, UInt64)?
@@ -50,6 +56,7 @@ struct Watch: AsyncParsableCommand {
                     for try await push in subscription.pushes {
                         switch push {
                         case .storeLoaded(let loaded):
+                            watchdog.disarm()
                             Output.line(
                                 "{\"op\":\"loaded\",\"store\":\(name),\"epoch\":\(loaded.epoch),"
                                     + "\"sequence\":\(loaded.sequence),\"count\":\(loaded.count)}")
@@ -83,6 +90,10 @@ struct Watch: AsyncParsableCommand {
                         }
                     }
                 } catch let error as StoreBrokerError {
+                    if watchdog.fired {
+                        throw Failure(
+                            Failure.unavailable, "the broker did not send \(store)'s snapshot within \(global.timeout) s")
+                    }
                     throw error
                 }
                 // The stream ends only after `lagged`: resume from the last sequence printed.
@@ -91,6 +102,39 @@ struct Watch: AsyncParsableCommand {
                 }
                 start = .resume(epoch: epoch, sequence: sequence)
             }
+        }
+    }
+}
+
+/// Closes the connection when the first line does not come in time; `fired` tells the caller why it closed.
+private final class Watchdog: Sendable {
+    private let state = Mutex<(armed: Task<Void, Never>?, fired: Bool)>((nil, false))
+
+    var fired: Bool { state.withLock { $0.fired } }
+
+    func arm(after timeout: Duration, _ expire: @escaping @Sendable () async -> Void) {
+        let task = Task {
+            try? await Task.sleep(for: timeout)
+            guard !Task.isCancelled, self.fire() else { return }
+            await expire()
+        }
+        state.withLock { $0.armed = task }
+    }
+
+    /// True when it fires now (it was not disarmed first).
+    private func fire() -> Bool {
+        state.withLock {
+            guard $0.armed != nil else { return false }
+            $0.armed = nil
+            $0.fired = true
+            return true
+        }
+    }
+
+    func disarm() {
+        state.withLock {
+            $0.armed?.cancel()
+            $0.armed = nil
         }
     }
 }

@@ -153,6 +153,9 @@ extension Integration {
                 #expect(result.stderr.contains("did not answer"), "\(result.stderr)")
                 result = try await runStorectl(["ping", "--timeout", "1", "--socket", fake.socketPath], in: directory)
                 #expect(result.status == 69)
+                result = try await runStorectl(["watch", "notes", "--timeout", "1", "--socket", fake.socketPath], in: directory)
+                #expect(result.status == 69)
+                #expect(result.stderr.contains("within 1 s"), "\(result.stderr)")
             }
         }
     }
