@@ -135,93 +135,108 @@ public final class BrokerDaemon: Sendable {
     {
         let socketPath = configuration.socketPath
         let shared = !configuration.allowRules.isEmpty
-        if configuration.inheritedSocket == nil {
-            try DaemonPaths.prepareSocketDirectory(for: socketPath, mode: shared ? 0o711 : 0o700)
-            switch DaemonPaths.occupant(of: socketPath) {
-            case .liveDaemon:
-                throw DaemonError("a storebrokerd is already listening on \(socketPath)")
-            case .notASocket:
-                throw DaemonError("\(socketPath) exists and is not a socket; refusing to replace it")
-            case .staleSocket:
-                logger.info("replacing a stale socket", metadata: ["socket": "\(socketPath)"])
-            case .nothing:
-                break
+        var litter = StartupLitter()
+        var lock: DataDirectoryLock?
+        do throws(DaemonError) {
+            if configuration.inheritedSocket == nil {
+                if let made = try DaemonPaths.prepareSocketDirectory(for: socketPath, mode: shared ? 0o711 : 0o700) {
+                    litter.directories.append(made)
+                }
+                switch DaemonPaths.occupant(of: socketPath) {
+                case .liveDaemon:
+                    throw DaemonError("a storebrokerd is already listening on \(socketPath)")
+                case .notASocket:
+                    throw DaemonError("\(socketPath) exists and is not a socket; refusing to replace it")
+                case .staleSocket:
+                    logger.info("replacing a stale socket", metadata: ["socket": "\(socketPath)"])
+                case .nothing:
+                    break
+                }
             }
-        }
 
-        let dataDirectory = configuration.broker.dataDirectory
-        guard dataDirectory.hasPrefix("/") else { throw DaemonError("the data directory must be absolute: \(dataDirectory)") }
-        try DaemonPaths.makeDirectories(dataDirectory)
-        let lock = try DataDirectoryLock(directory: dataDirectory)
-        let sealer = try KeyFileSealer.load(dataDirectory: dataDirectory)
+            let dataDirectory = configuration.broker.dataDirectory
+            guard dataDirectory.hasPrefix("/") else { throw DaemonError("the data directory must be absolute: \(dataDirectory)") }
+            // Engines first: checking them touches no file of ours.
+            let loader = EngineLoader(
+                searchPath: .standard(
+                    engineDirectories: configuration.engineDirectories,
+                    environmentPath: configuration.environmentEnginePath))
+            let engines = LoaderEngineProvider(loader: loader)
+            try engines.validate(configuration.broker)
 
-        let loader = EngineLoader(
-            searchPath: .standard(
-                engineDirectories: configuration.engineDirectories,
-                environmentPath: configuration.environmentEnginePath))
-        let engines = LoaderEngineProvider(loader: loader)
-        try engines.validate(configuration.broker)
-
-        let publisher: DBusPublisher?
-        switch configuration.dbus {
-        case .disabled: publisher = nil
-        case .sessionBus(let address): publisher = DBusPublisher(bus: .session(address: address), logger: logger)
-        case .address(let address): publisher = DBusPublisher(bus: .address(address), logger: logger)
-        }
-        let broker: Broker
-        do {
-            broker = try Broker(
-                configuration: configuration.broker, engines: engines, logger: logger, sealer: sealer,
-                observers: publisher.map { [$0] } ?? [])
-        } catch {
-            throw DaemonError("cannot prepare the data directory \(dataDirectory): \(error.message)")
-        }
-
-        let registry = ConnectionRegistry()
-        let maxConnections = effectiveConnectionCap(configuration.maxConnections, logger: logger)
-        let policy = AccessPolicy(ownUID: getuid(), rules: configuration.allowRules)
-        let bootstrap = makeBootstrap(
-            configuration: configuration, broker: broker, policy: policy, registry: registry,
-            maxConnections: maxConnections, logger: logger)
-        let serverChannel: any Channel
-        if let inherited = configuration.inheritedSocket {
+            litter.directories += try DaemonPaths.makeDirectories(dataDirectory)
+            let entriesBefore = DaemonPaths.entries(of: dataDirectory) ?? []
+            lock = try DataDirectoryLock(directory: dataDirectory)
+            // Only now are the data directory's files ours to clean up.
+            litter.dataDirectory = dataDirectory
+            litter.dataEntriesBefore = entriesBefore
+            let sealer = try KeyFileSealer.load(dataDirectory: dataDirectory)
+            let publisher: DBusPublisher?
+            switch configuration.dbus {
+            case .disabled: publisher = nil
+            case .sessionBus(let address): publisher = DBusPublisher(bus: .session(address: address), logger: logger)
+            case .address(let address): publisher = DBusPublisher(bus: .address(address), logger: logger)
+            }
+            let broker: Broker
             do {
-                serverChannel = try await bootstrap.withBoundSocket(inherited).get()
+                broker = try Broker(
+                    configuration: configuration.broker, engines: engines, logger: logger, sealer: sealer,
+                    observers: publisher.map { [$0] } ?? [])
             } catch {
-                throw DaemonError("cannot use the socket handed over by systemd (fd \(inherited)): \(error)")
+                throw DaemonError("cannot prepare the data directory \(dataDirectory): \(error.message)")
             }
-        } else {
-            // Bind a temporary name in the same directory, then rename it into place.
-            let temporary = DaemonPaths.parent(of: socketPath) + "/.storebrokerd-\(getpid()).sock"
-            guard temporary.utf8.count <= SocketPath.maxLength else {
-                throw DaemonError("the socket path is too long to bind beside it (\(temporary))")
-            }
-            unlink(temporary)
-            do {
-                serverChannel = try await bootstrap.bind(unixDomainSocketPath: temporary).get()
-            } catch {
-                throw DaemonError("cannot listen on \(temporary): \(error)")
-            }
-            guard chmod(temporary, shared ? 0o666 : 0o600) == 0, rename(temporary, socketPath) == 0 else {
-                let reason = DaemonPaths.errorText()
+
+            let registry = ConnectionRegistry()
+            let maxConnections = effectiveConnectionCap(configuration.maxConnections, logger: logger)
+            let policy = AccessPolicy(ownUID: getuid(), rules: configuration.allowRules)
+            let bootstrap = makeBootstrap(
+                configuration: configuration, broker: broker, policy: policy, registry: registry,
+                maxConnections: maxConnections, logger: logger)
+            let serverChannel: any Channel
+            if let inherited = configuration.inheritedSocket {
+                do {
+                    serverChannel = try await bootstrap.withBoundSocket(inherited).get()
+                } catch {
+                    throw DaemonError("cannot use the socket handed over by systemd (fd \(inherited)): \(error)")
+                }
+            } else {
+                // Bind a temporary name in the same directory, then rename it into place.
+                let temporary = DaemonPaths.parent(of: socketPath) + "/.storebrokerd-\(getpid()).sock"
+                guard temporary.utf8.count <= SocketPath.maxLength else {
+                    throw DaemonError("the socket path is too long to bind beside it (\(temporary))")
+                }
                 unlink(temporary)
-                try? await serverChannel.close()
-                throw DaemonError("cannot put the socket in place at \(socketPath): \(reason)")
+                do {
+                    serverChannel = try await bootstrap.bind(unixDomainSocketPath: temporary).get()
+                } catch {
+                    throw DaemonError("cannot listen on \(temporary): \(error)")
+                }
+                guard chmod(temporary, shared ? 0o666 : 0o600) == 0, rename(temporary, socketPath) == 0 else {
+                    let reason = DaemonPaths.errorText()
+                    unlink(temporary)
+                    try? await serverChannel.close()
+                    throw DaemonError("cannot put the socket in place at \(socketPath): \(reason)")
+                }
             }
+            var ready: Logger.Metadata = [
+                "socket": "\(configuration.inheritedSocket.map { "fd \($0) from systemd" } ?? socketPath)",
+                "data": "\(dataDirectory)", "engine": "\(configuration.broker.defaultEngine)",
+                "version": "\(StoreBrokerVersion.string)",
+            ]
+            if shared { ready["allow"] = "\(configuration.allowRules.map(\.description).joined(separator: ","))" }
+            if publisher == nil { ready["dbus"] = "off" }
+            logger.info("storebrokerd ready", metadata: ready)
+            publisher?.start()
+            return BrokerDaemon(
+                configuration: configuration, broker: broker, logger: logger, serverChannel: serverChannel,
+                registry: registry, lock: lock!, publisher: publisher,
+                socketInode: configuration.inheritedSocket == nil ? DaemonPaths.inode(of: socketPath) : nil)
+        } catch {
+            // Nothing is left behind (docs/DAEMON.md).
+            litter.remove()
+            lock?.release()
+            throw error
         }
-        var ready: Logger.Metadata = [
-            "socket": "\(configuration.inheritedSocket.map { "fd \($0) from systemd" } ?? socketPath)",
-            "data": "\(dataDirectory)", "engine": "\(configuration.broker.defaultEngine)",
-            "version": "\(StoreBrokerVersion.string)",
-        ]
-        if shared { ready["allow"] = "\(configuration.allowRules.map(\.description).joined(separator: ","))" }
-        if publisher == nil { ready["dbus"] = "off" }
-        logger.info("storebrokerd ready", metadata: ready)
-        publisher?.start()
-        return BrokerDaemon(
-            configuration: configuration, broker: broker, logger: logger, serverChannel: serverChannel,
-            registry: registry, lock: lock, publisher: publisher,
-            socketInode: configuration.inheritedSocket == nil ? DaemonPaths.inode(of: socketPath) : nil)
     }
 
     private static func makeBootstrap(

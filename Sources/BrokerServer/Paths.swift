@@ -16,14 +16,30 @@ public enum DaemonPaths {
     }
 
     /// `mkdir -p` with mode 0700 for what it creates.
-    static func makeDirectories(_ path: String) throws(DaemonError) {
+    /// Creates `path` and its missing parents (mode 0700); returns the directories it created, outermost first.
+    @discardableResult
+    static func makeDirectories(_ path: String) throws(DaemonError) -> [String] {
         var info = stat()
-        if stat(path, &info) == 0 { return }
+        if stat(path, &info) == 0 { return [] }
         let up = parent(of: path)
-        if up != path { try makeDirectories(up) }
+        var created = up != path ? try makeDirectories(up) : []
         guard mkdir(path, 0o700) == 0 || errno == EEXIST else {
             throw DaemonError("cannot create \(path): \(errorText())")
         }
+        created.append(path)
+        return created
+    }
+
+    /// The names in `directory` (nil when it cannot be read).
+    static func entries(of directory: String) -> Set<String>? {
+        guard let stream = opendir(directory) else { return nil }
+        defer { closedir(stream) }
+        var names: Set<String> = []
+        while let entry = readdir(stream) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if name != "." && name != ".." { names.insert(name) }
+        }
+        return names
     }
 
     static func parent(of path: String) -> String {
@@ -34,8 +50,10 @@ public enum DaemonPaths {
     static func errorText(_ code: Int32 = errno) -> String { String(cString: strerror(code)) }
 
     /// Makes sure the socket's directory is safe: created with `mode` when missing (and only then given a
-    /// mode); an existing one must be a real directory owned by us or by root, never a symbolic link.
-    static func prepareSocketDirectory(for socketPath: String, mode: mode_t) throws(DaemonError) {
+    /// mode); an existing one must be a real directory owned by us or by root, never a symbolic link. Returns
+    /// the directory when it created it.
+    @discardableResult
+    static func prepareSocketDirectory(for socketPath: String, mode: mode_t) throws(DaemonError) -> String? {
         guard socketPath.hasPrefix("/") else { throw DaemonError("the socket path must be absolute: \(socketPath)") }
         guard socketPath.utf8.count <= SocketPath.maxLength else {
             throw DaemonError(
@@ -44,6 +62,7 @@ public enum DaemonPaths {
         }
         let directory = parent(of: socketPath)
         var info = stat()
+        var created: String?
         if lstat(directory, &info) != 0 {
             guard errno == ENOENT else { throw DaemonError("cannot inspect \(directory): \(errorText())") }
             // Create missing ancestors (mode 0700 for ours), the directory itself with `mode`.
@@ -55,6 +74,7 @@ public enum DaemonPaths {
             guard mkdir(directory, mode) == 0 || errno == EEXIST else {
                 throw DaemonError("cannot create the socket directory \(directory): \(errorText())")
             }
+            created = directory
             // mkdir applies the umask; the mode must be exactly what was asked.
             _ = chmod(directory, mode)
             guard lstat(directory, &info) == 0 else {
@@ -72,6 +92,7 @@ public enum DaemonPaths {
                 "the socket directory \(directory) belongs to uid \(info.st_uid), not to this user (\(getuid())); "
                     + "refusing to use it")
         }
+        return created
     }
 
     /// What is at the socket path now.
@@ -117,16 +138,28 @@ final class DataDirectoryLock: Sendable {
 
     init(directory: String) throws(DaemonError) {
         let path = directory + "/.lock"
-        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw DaemonError("cannot open \(path): \(DaemonPaths.errorText())") }
-        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
-            let code = errno
-            close(fd)
-            if code == EWOULDBLOCK {
-                throw DaemonError("another storebrokerd is already using the data directory \(directory)")
+        // A daemon whose start-up fails removes the file it locked; one that opened it just before must not
+        // then hold a lock on a file no longer there: the lock counts only while the path is still its file.
+        for _ in 0..<100 {
+            let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+            guard fd >= 0 else { throw DaemonError("cannot open \(path): \(DaemonPaths.errorText())") }
+            guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+                let code = errno
+                close(fd)
+                if code == EWOULDBLOCK {
+                    throw DaemonError("another storebrokerd is already using the data directory \(directory)")
+                }
+                throw DaemonError("cannot lock \(path): \(DaemonPaths.errorText(code))")
             }
-            throw DaemonError("cannot lock \(path): \(DaemonPaths.errorText(code))")
+            var held = stat()
+            var named = stat()
+            if fstat(fd, &held) == 0, stat(path, &named) == 0, held.st_ino == named.st_ino, held.st_dev == named.st_dev {
+                self.fd = fd
+                return
+            }
+            close(fd)
         }
+        throw DaemonError("cannot lock \(path): it keeps being replaced")
     }
 
     /// Lets another daemon use the directory.
@@ -139,4 +172,30 @@ final class DataDirectoryLock: Sendable {
     }
 
     deinit { release() }
+}
+
+/// What a start-up created, so that a start-up that fails leaves nothing behind: directories it made (removed
+/// only while empty), and the lock and key files that were not there before.
+struct StartupLitter {
+    var directories: [String] = []
+    var dataDirectory: String?
+    var dataEntriesBefore: Set<String> = []
+
+    /// Removes it all: new files the daemon owns, new empty directories in the data directory, then the
+    /// directories made, innermost first. Never anything that was there before the start-up.
+    func remove() {
+        if let dataDirectory, let now = DaemonPaths.entries(of: dataDirectory) {
+            for name in now.subtracting(dataEntriesBefore) {
+                let path = dataDirectory + "/" + name
+                var info = stat()
+                guard lstat(path, &info) == 0 else { continue }
+                if info.st_mode & S_IFMT == S_IFDIR {
+                    rmdir(path)  // fails, and so keeps it, unless empty
+                } else if name == ".lock" || name == KeyFileSealer.fileName {
+                    unlink(path)
+                }
+            }
+        }
+        for directory in directories.reversed() { rmdir(directory) }
+    }
 }

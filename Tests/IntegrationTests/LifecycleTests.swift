@@ -173,6 +173,50 @@ extension Integration {
             }
         }
 
+        /// A start-up that fails leaves nothing behind: no data directory, socket directory, `.lock` or secure-value
+        /// key it created (before: `.lock` and the key stayed), and nothing that was there before is touched.
+        @Test func aFailedStartUpLeavesNothingBehind() async throws {
+            try await withTemporaryDirectory { directory in
+                func run(_ arguments: [String]) async throws -> ChildProcess {
+                    let daemon = try ChildProcess(
+                        [binDirectory + "/storebrokerd", "--no-dbus"] + arguments, stdoutPath: directory + "/log",
+                        stderrPath: directory + "/log", in: directory)
+                    #expect(await daemon.wait(atMost: 30) == 1, "\(arguments)")
+                    return daemon
+                }
+                let files = FileManager.default
+                // An engine that cannot be loaded: neither directory is made.
+                var daemon = try await run(["--socket", directory + "/run/s.sock", "--data-dir", directory + "/data", "--engine", "nonexistent"])
+                #expect(daemon.stderr.contains("nonexistent"))
+                #expect(!files.fileExists(atPath: directory + "/run"))
+                #expect(!files.fileExists(atPath: directory + "/data"))
+
+                // A failure after the data directory was locked and the key made: the socket path fits, but the
+                // temporary name it is bound under first does not.
+                let long = directory + "/" + String(repeating: "p", count: 104 - directory.utf8.count)
+                try files.createDirectory(atPath: long, withIntermediateDirectories: false)
+                daemon = try await run(["--socket", long + "/s", "--data-dir", directory + "/data/deep"])
+                #expect(daemon.stderr.contains("too long to bind beside it"), "\(daemon.stderr)")
+                #expect(!files.fileExists(atPath: directory + "/data"), "\((try? files.subpathsOfDirectory(atPath: directory + "/data")) ?? [])")
+
+                // The same failure on a data directory in use: what was there stays, nothing is added.
+                let data = Daemon(in: directory)
+                try await data.start()
+                _ = try await data.storectl(["insert", "s", #"{"id":"1"}"#])
+                _ = try await data.storectl(["secret", "set", "token", "abc"])
+                await data.stop()
+                let before = try files.subpathsOfDirectory(atPath: data.dataDirectory).sorted()
+                let key = try Data(contentsOf: URL(fileURLWithPath: data.dataDirectory + "/secure-values.key"))
+                daemon = try await run(["--socket", long + "/s", "--data-dir", data.dataDirectory])
+                #expect(try files.subpathsOfDirectory(atPath: data.dataDirectory).sorted() == before)
+                #expect(try Data(contentsOf: URL(fileURLWithPath: data.dataDirectory + "/secure-values.key")) == key)
+                try await data.start()
+                #expect(try await data.storectl(["count", "s"]).stdout == "1\n")
+                #expect(try await data.storectl(["secret", "get", "token"]).stdout == "abc\n")
+                await data.stop()
+            }
+        }
+
         @Test func versionAndHelp() async throws {
             try await withTemporaryDirectory { directory in
                 let version = try ChildProcess(

@@ -49,6 +49,23 @@ extension Integration {
             }
         }
 
+        /// Hostile connections do not flood the log at the default level (before: one info line each; a fuzz run
+        /// wrote 21,000): 300 connections that break the protocol add no line, and the daemon still serves.
+        @Test func hostileConnectionsDoNotFloodTheLog() async throws {
+            try await Daemon.with { daemon in
+                let before = daemon.log.split(separator: "\n").count
+                for round in 0..<300 {
+                    let client = try RawClient(socketPath: daemon.socketPath, timeout: 5)
+                    if round % 2 == 0 { try client.handshake() }
+                    client.send(rawFrame(type: 0x7F, id: 1, payload: [1, 2, 3], reserved: 9))
+                    _ = client.readsToEnd()
+                }
+                #expect(try await daemon.storectl(["ping"]).stdout == "pong\n")
+                let added = daemon.log.split(separator: "\n").count - before
+                #expect(added <= 2, "\(added) log lines for 300 hostile connections:\n\(daemon.log.suffix(600))")
+            }
+        }
+
         /// Half a frame left for --frame-timeout closes the connection with `timedOut`; an idle connection between
         /// frames stays open however long it waits.
         @Test func halfSentFrameIsClosedButIdleConnectionsStay() async throws {
