@@ -175,6 +175,12 @@ let samples: [Sample] = [
     Sample(
         name: "error-conflict", id: 6,
         message: .server(.error(.init(code: .conflict, message: "expected sequence 7, store is at 8")))),
+    Sample(
+        name: "error-timedOut", id: 0,
+        message: .server(.error(.init(code: .timedOut, message: "no hello within 10 s")))),
+    Sample(
+        name: "error-tooManyConnections", id: 0,
+        message: .server(.error(.init(code: .tooManyConnections, message: "the broker serves 4096 connections already")))),
     // Pushes.
     Sample(
         name: "storeLoaded", id: 1,
