@@ -91,7 +91,7 @@ public final class Broker: Sendable {
         self.configuration = configuration
         self.interceptors = interceptors ?? Self.standardInterceptors(configuration: configuration, logger: logger)
         let directory = DataDirectory(root: configuration.dataDirectory)
-        try directory.prepare()
+        for note in try directory.prepare() { logger.warning("data directory of the first layout: \(note)") }
         try directory.removeLeftovers()
         let environment = StoreEnvironment(
             directory: directory, engines: engines, configuration: configuration, logger: logger, observers: observers)

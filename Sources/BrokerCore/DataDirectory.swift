@@ -9,10 +9,11 @@ import Wire
 ///     DATA/stores/NAME/data/          the engine's own files for this store
 ///     DATA/values/{manifest,data/}    every value, in one engine store
 ///     DATA/secure-values/...          every secure value, encrypted, in one engine store
+///     DATA/staging/                   places being created or deleted (the daemon's own names)
 ///
-/// A place (a store's directory, or a value namespace's) is created by writing its manifest under a
-/// temporary name beside it and renaming the directory into place, so a place always has a manifest; it is
-/// dropped by renaming it away before deleting it.
+/// A place (a store's directory, or a value namespace's) is created by writing its manifest in a directory
+/// under `staging` and renaming it into place, so a place always has a manifest; it is dropped by renaming it
+/// into `staging` before deleting it. `stores` holds users' names only: any valid name, `.new-x` included.
 struct DataDirectory: Sendable {
     let root: String
 
@@ -28,6 +29,7 @@ struct DataDirectory: Sendable {
     }
 
     var storesDirectory: String { root + "/stores" }
+    var stagingDirectory: String { root + "/staging" }
 
     func store(_ name: String) -> Place { Place(parent: storesDirectory, name: name) }
 
@@ -35,15 +37,47 @@ struct DataDirectory: Sendable {
         Place(parent: root, name: namespace == .secureValue ? "secure-values" : "values")
     }
 
-    /// Creates the root and the stores directory (mode 0700) if missing.
-    func prepare() throws(WireError) {
+    /// Creates the root, the stores and staging directories (mode 0700) if missing, moving a data directory
+    /// of the first layout over (see `migrateFirstLayout`). Returns what the move did, for the log.
+    func prepare() throws(WireError) -> [String] {
         try FileOps.makeDirectory(root, recursive: true)
         try FileOps.makeDirectory(storesDirectory, recursive: false)
+        var staging = stat()
+        if stat(stagingDirectory, &staging) == 0 { return [] }
+        let notes = try migrateFirstLayout()
+        try FileOps.makeDirectory(stagingDirectory, recursive: false)
+        try FileOps.syncDirectory(root)
+        return notes
+    }
+
+    /// The first layout (no `staging` directory) staged creates and drops as `.new-NAME-N` and
+    /// `.dropped-NAME-N` inside `stores`, beside users' stores of the same shape, and deleted them all at
+    /// start-up. What such an entry holds decides what it is, so that nothing of a user's is lost:
+    /// - `stores/.new-*` with no engine files: a create interrupted before the store's first open: deleted;
+    /// - any other `stores/.new-*` or `stores/.dropped-*`: a user's store (or, rarely, a drop interrupted by a
+    ///   crash): kept as the store of that name, with a note (drop it if it is the remains of a drop);
+    /// - `.new-*` and `.dropped-*` beside `values` (names no user can give): deleted, as before.
+    private func migrateFirstLayout() throws(WireError) -> [String] {
+        var notes: [String] = []
+        for entry in try FileOps.list(root) where entry.hasPrefix(".new-") || entry.hasPrefix(".dropped-") {
+            try FileOps.removeTree(root + "/" + entry)
+        }
+        for entry in try FileOps.list(storesDirectory) where entry.hasPrefix(".new-") || entry.hasPrefix(".dropped-") {
+            let place = store(entry)
+            if entry.hasPrefix(".new-"), (try? FileOps.list(place.engineDirectory))?.isEmpty ?? true {
+                try FileOps.removeTree(place.path)
+            } else {
+                notes.append(
+                    "kept \(place.path) as the store \(entry) (a data directory of the first layout cannot tell a "
+                        + "store of that name from an interrupted create or drop; drop it if it is not wanted)")
+            }
+        }
+        return notes
     }
 
     /// The names of the stores with a directory, in byte order.
     func storeNames() throws(WireError) -> [String] {
-        try FileOps.list(storesDirectory).filter { Naming.problem(withName: $0) == nil && !$0.hasPrefix(".") }
+        try FileOps.list(storesDirectory).filter { Naming.problem(withName: $0) == nil }
             .sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
     }
 
@@ -58,7 +92,7 @@ struct DataDirectory: Sendable {
 
     /// Creates `place` with its manifest, atomically.
     func create(_ place: Place, manifest: Manifest) throws(WireError) {
-        let staging = place.parent + "/.new-\(place.name)-\(UInt32.random(in: 0...UInt32.max))"
+        let staging = stagingDirectory + "/new-\(UInt64.random(in: 0...UInt64.max))"
         try FileOps.makeDirectory(staging, recursive: false)
         try FileOps.makeDirectory(staging + "/data", recursive: false)
         try FileOps.writeDurably(staging + "/manifest", manifest.text)
@@ -68,18 +102,16 @@ struct DataDirectory: Sendable {
 
     /// Deletes `place`: renamed away first, so a crash never leaves half of it.
     func remove(_ place: Place) throws(WireError) {
-        let doomed = place.parent + "/.dropped-\(place.name)-\(UInt32.random(in: 0...UInt32.max))"
+        let doomed = stagingDirectory + "/dropped-\(UInt64.random(in: 0...UInt64.max))"
         try FileOps.rename(place.path, doomed)
         try FileOps.syncDirectory(place.parent)
         try FileOps.removeTree(doomed)
     }
 
-    /// Deletes leftovers of interrupted creates and drops.
+    /// Deletes leftovers of interrupted creates and drops: everything in `staging`.
     func removeLeftovers() throws(WireError) {
-        for parent in [root, storesDirectory] {
-            for entry in try FileOps.list(parent) where entry.hasPrefix(".new-") || entry.hasPrefix(".dropped-") {
-                try FileOps.removeTree(parent + "/" + entry)
-            }
+        for entry in try FileOps.list(stagingDirectory) {
+            try FileOps.removeTree(stagingDirectory + "/" + entry)
         }
     }
 }
