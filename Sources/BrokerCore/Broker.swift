@@ -185,7 +185,18 @@ public final class Broker: Sendable {
         var infos: [StoreInfo] = []
         for name in try environment.directory.storeNames() {
             let store = store(name)
-            try await store.loaded()
+            do throws(WireError) {
+                try await store.loaded()
+            } catch {
+                // Listed, and marked: a store that exists but cannot be served has an epoch and sequence 0
+                // (docs/PROTOCOL.md); a request on it answers why.
+                let manifest = try? environment.directory.manifest(environment.directory.store(name))
+                infos.append(
+                    StoreInfo(
+                        name: name, epoch: manifest?.epoch ?? StoreInfo.unknownEpoch, sequence: 0, count: 0,
+                        engine: manifest?.engine ?? ""))
+                continue
+            }
             let info = store.currentInfo()
             if info.sequence > 0 { infos.append(info) }
         }

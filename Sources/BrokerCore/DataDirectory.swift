@@ -100,6 +100,14 @@ struct DataDirectory: Sendable {
         try FileOps.syncDirectory(place.parent)
     }
 
+    /// Replaces `place`'s manifest atomically (a new file renamed over the old one).
+    func rewrite(_ place: Place, manifest: Manifest) throws(WireError) {
+        let temporary = place.path + "/manifest.new"
+        try FileOps.writeDurably(temporary, manifest.text)
+        try FileOps.rename(temporary, place.manifestPath)
+        try FileOps.syncDirectory(place.path)
+    }
+
     /// Deletes `place`: renamed away first, so a crash never leaves half of it.
     func remove(_ place: Place) throws(WireError) {
         let doomed = stagingDirectory + "/dropped-\(UInt64.random(in: 0...UInt64.max))"
@@ -116,17 +124,24 @@ struct DataDirectory: Sendable {
     }
 }
 
-/// What a store remembers about itself: the engine it was created with and its epoch.
+/// What a store remembers about itself: the engine it was created with, its epoch, and whether it has
+/// committed (so that an engine that comes back empty is known to have lost its files).
 struct Manifest: Hashable, Sendable {
     static let format = 1
     var engine: String
     var epoch: UInt64
+    /// The engine has acknowledged a commit. Written after the first one; a manifest written before this field
+    /// existed gets it at the next load that finds commits.
+    var committed: Bool
 
-    var text: String { "format=\(Self.format)\nengine=\(engine)\nepoch=\(epoch)\n" }
+    var text: String {
+        "format=\(Self.format)\nengine=\(engine)\nepoch=\(epoch)\n" + (committed ? "committed=1\n" : "")
+    }
 
-    init(engine: String, epoch: UInt64) {
+    init(engine: String, epoch: UInt64, committed: Bool = false) {
         self.engine = engine
         self.epoch = epoch
+        self.committed = committed
     }
 
     init?(text: String) {
@@ -138,7 +153,7 @@ struct Manifest: Hashable, Sendable {
         guard fields["format"] == String(Self.format), let engine = fields["engine"], !engine.isEmpty,
             let epoch = fields["epoch"].flatMap(UInt64.init), epoch != 0
         else { return nil }
-        self.init(engine: engine, epoch: epoch)
+        self.init(engine: engine, epoch: epoch, committed: fields["committed"] == "1")
     }
 
     /// A new store's epoch: random, non-zero, and exact in a JSON number (at most 2^53).

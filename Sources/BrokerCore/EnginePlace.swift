@@ -20,18 +20,72 @@ struct EnginePlace: Sendable {
     }
 
     /// What the place holds, or `nil` when it does not exist. An engine that cannot be loaded is an error,
-    /// never an empty result.
+    /// never an empty result; so is an engine that opens at sequence 0 where the manifest records a commit
+    /// (its files were lost or replaced): the place is then broken, not empty.
     func load() async throws(WireError) -> Loaded? {
-        guard let manifest = try environment.directory.manifest(place) else { return nil }
-        let engine = try environment.engines.engine(named: manifest.engine)
+        guard var manifest = try environment.directory.manifest(place) else { return nil }
+        let engine: any StorageEngine
+        do throws(WireError) {
+            engine = try environment.engines.engine(named: manifest.engine)
+        } catch {
+            throw WireError(error.code, "\(describe) cannot be served: \(error.message)")
+        }
         let store = try await open(engine)
         do throws(WireError) {
+            if manifest.committed, store.openedSequence == 0 {
+                throw WireError(
+                    .engineUnavailable,
+                    "\(describe) cannot be served: its manifest records commits but engine \(engine.name) opens it "
+                        + "empty (its files in \(place.engineDirectory) were lost or replaced); drop it to start over")
+            }
+            if !manifest.committed, store.openedSequence > 0, let updated = recordCommitted(manifest) {
+                manifest = updated
+            }
             let records = try await Self.engineCall { () throws(EngineFailure) in try await store.scanAll() }
             return Loaded(manifest: manifest, engine: engine, store: store, records: records)
         } catch {
             await store.close()
             throw error
         }
+    }
+
+    private var describe: String {
+        place.parent == environment.directory.storesDirectory ? "store \(storeName)" : "\(place.name)"
+    }
+
+    /// After the place's first commit: the manifest records it, so lost engine files are noticed. Returns the new
+    /// manifest, or nil (logged) when it could not be written; then it is tried again at the next commit.
+    func recordCommitted(_ manifest: Manifest) -> Manifest? {
+        var updated = manifest
+        updated.committed = true
+        do throws(WireError) {
+            try environment.directory.rewrite(place, manifest: updated)
+            return updated
+        } catch {
+            environment.logger.warning(
+                "cannot record the first commit of \(describe) in its manifest (tried again at the next commit): \(error.message)")
+            return nil
+        }
+    }
+
+    /// Deletes a place that cannot be loaded: through its engine when that can be loaded (a failure there is
+    /// logged), then the directory with whatever is left in it.
+    func dropBroken() async throws(WireError) {
+        if let manifest = try? environment.directory.manifest(place),
+            let engine = try? environment.engines.engine(named: manifest.engine)
+        {
+            let directory = place.engineDirectory
+            let storeName = storeName
+            let options = options(engine)
+            do throws(WireError) {
+                try await Self.engineCall { () throws(EngineFailure) in
+                    try await engine.drop(directory: directory, store: storeName, options: options)
+                }
+            } catch {
+                environment.logger.warning("engine \(engine.name) could not drop \(describe): \(error.message); removing its directory")
+            }
+        }
+        try environment.directory.remove(place)
     }
 
     /// Creates the place (directory and manifest) unless `existing` says it exists, and opens its store.

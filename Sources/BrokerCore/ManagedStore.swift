@@ -143,7 +143,30 @@ final class ManagedStore: Sendable {
             startWriterIfNeeded()
         } catch {
             logger.error("cannot load store: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
-            state.failLoad(error)
+            // An unconditional drop queued behind the failure is the way out for an operator: writes before it
+            // fail with the error, the store is deleted without being loaded, and what follows starts afresh.
+            let (before, drop) = state.withLock { state -> ([PendingWrite], PendingWrite?) in
+                guard let index = state.pending.firstIndex(where: { write in
+                    if case .drop = write.kind, case .unconditional = write.condition { return true }
+                    return false
+                }) else { return ([], nil) }
+                let before = Array(state.pending.prefix(index))
+                let drop = state.pending[index]
+                state.pending.removeFirst(index + 1)
+                return (before, drop)
+            }
+            guard let drop else { return state.failLoad(error) }
+            for write in before { write.reply(.failure(error)) }
+            do throws(WireError) {
+                try await place.dropBroken()
+            } catch {
+                logger.error("drop of a store that cannot be loaded failed: \(error.message)")
+                drop.reply(.failure(error))
+                return state.failLoad(error)
+            }
+            logger.notice("store dropped without loading it")
+            drop.reply(.success(.writeResult(.init(committed: true, epoch: 0, sequence: 0))))
+            await load()
         }
     }
 
@@ -439,6 +462,12 @@ final class ManagedStore: Sendable {
             }
             answer(writes, failed, epoch: base.epoch)
             return
+        }
+
+        if let manifest = state.withLock({ $0.manifest }), !manifest.committed,
+            let updated = place.recordCommitted(manifest)
+        {
+            state.withLock { $0.manifest = updated }
         }
 
         // Committed: memory, history and subscribers, in sequence order, under the lock.

@@ -356,6 +356,13 @@ public struct StoreInfo: WireCodable {
 
     public static var minEncodedLength: Int { 2 + 8 + 8 + 8 + 2 }
 
+    /// The epoch of a store that cannot be served whose manifest cannot be read either.
+    public static let unknownEpoch = UInt64.max
+
+    /// The store exists but cannot be served (its engine cannot be loaded, its files are lost or damaged):
+    /// listed with an epoch and sequence 0, a combination no healthy store has. A request on it says why.
+    public var isBroken: Bool { epoch != 0 && sequence == 0 }
+
     public init(wire buffer: inout ByteBuffer) throws(WireError) {
         name = try buffer.readWireText("store name")
         epoch = try buffer.readWire(UInt64.self, "epoch")

@@ -163,6 +163,8 @@ struct Stores: AsyncParsableCommand {
         abstract: "List the stores that exist, in name order.",
         discussion: """
             ndjson: {"name","engine","epoch","sequence","count"} per store; json: an array of those; table: columns.
+            A store that exists but cannot be served (its engine is missing, its files are lost or damaged) is
+            listed with "broken": the reason, and the reason goes to stderr too; the exit status stays 0.
 
             Example:
               storectl stores --format json
@@ -176,17 +178,32 @@ struct Stores: AsyncParsableCommand {
             let connection = try await global.connect()
             let answer = try await connection.send(.listStores(.init()))
             guard case .storeList(let list) = answer else { throw unexpected(answer) }
+            // A broken store's reason is the answer to a request on it.
+            var reasons: [String: String] = [:]
+            for info in list.elements where info.isBroken {
+                do {
+                    _ = try await connection.send(.getStoreInfo(.init(store: info.name)))
+                    reasons[info.name] = "cannot be served"
+                } catch let error as StoreBrokerError {
+                    reasons[info.name] = error.message
+                }
+                Output.error("store \(info.name) cannot be served: \(reasons[info.name]!)")
+            }
             let objects = list.elements.map { info in
                 "{\"name\":\(JSON.string(info.name)),\"engine\":\(JSON.string(info.engine)),\"epoch\":\(info.epoch),"
-                    + "\"sequence\":\(info.sequence),\"count\":\(info.count)}"
+                    + "\"sequence\":\(info.sequence),\"count\":\(info.count)"
+                    + (reasons[info.name].map { ",\"broken\":\(JSON.string($0))" } ?? "") + "}"
             }
             switch format ?? .automatic {
             case .ndjson: objects.forEach(Output.line)
             case .json: Output.line(JSON.array(objects))
             case .table:
                 Table.print(
-                    headers: ["NAME", "COUNT", "SEQUENCE", "ENGINE"],
-                    rows: list.elements.map { [$0.name, String($0.count), String($0.sequence), $0.engine] })
+                    headers: ["NAME", "COUNT", "SEQUENCE", "ENGINE", "STATUS"],
+                    rows: list.elements.map { info in
+                        let status = reasons[info.name].map { "broken: \($0)" } ?? "ok"
+                        return [info.name, String(info.count), String(info.sequence), info.engine, status]
+                    })
             }
         }
     }

@@ -200,7 +200,7 @@ extension Integration {
                 #expect(query.first?.hasPrefix("ID  UPDATED") == true, "\(query)")
                 #expect(query.count == 3 && query[1].hasPrefix("1   ") && query[1].hasSuffix(#"{"id":"1","text":"milk"}"#))
                 let stores = try await onTerminal("stores")
-                #expect(stores.hasPrefix("NAME   COUNT  SEQUENCE  ENGINE\nnotes  2      1         sqlite"), "\(stores)")
+                #expect(stores.hasPrefix("NAME   COUNT  SEQUENCE  ENGINE  STATUS\nnotes  2      1         sqlite  ok"), "\(stores)")
             }
         }
 
