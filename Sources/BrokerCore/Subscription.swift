@@ -78,6 +78,17 @@ public final class Subscription: Sendable {
     /// Whether the subscription ended (lagged or cancelled); pushes already queued still wait to be taken.
     public var isEnded: Bool { state.withLock { $0.ended } }
 
+    /// Ends the subscription now, because `push` cannot be sent: what is queued is dropped, and the returned
+    /// `lagged` notice (to send in its place) says where to resume: before that push's commit.
+    public func endBefore(_ push: ServerMessage) -> ServerMessage {
+        cancel()
+        switch push {
+        case .storeEvent(let event): return .lagged(.init(epoch: event.epoch, sequence: max(event.sequence, 1) - 1))
+        case .valueEvent(let event): return .lagged(.init(epoch: event.epoch, sequence: max(event.sequence, 1) - 1))
+        default: return .lagged(.init(epoch: 0, sequence: 0))  // a snapshot: resuming gets a fresh one
+        }
+    }
+
     /// Ends the subscription and drops what is queued.
     public func cancel() {
         state.withLock { state in

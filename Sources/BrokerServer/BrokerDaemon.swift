@@ -133,6 +133,12 @@ public final class BrokerDaemon: Sendable {
     /// path appears only once the daemon accepts connections.
     public static func start(configuration: ServerConfiguration, logger: Logger) async throws(DaemonError) -> BrokerDaemon
     {
+        let largest = WireProtocol.largestItem(maxFrameLength: configuration.maxFrameLength)
+        guard configuration.broker.maxItemLength <= largest else {
+            throw DaemonError(
+                "the largest item (\(configuration.broker.maxItemLength) bytes) must fit in one frame with the largest id "
+                    + "and store name: at most \(largest) bytes for frames of \(configuration.maxFrameLength)")
+        }
         let socketPath = configuration.socketPath
         let shared = !configuration.allowRules.isEmpty
         var litter = StartupLitter()

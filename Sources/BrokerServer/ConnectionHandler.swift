@@ -444,7 +444,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         var wrote = false
         for subscriptionID in flowing.sorted() {
             guard let subscription = subscriptions[subscriptionID] else { continue }
-            while context.channel.isWritable {
+            pushing: while context.channel.isWritable {
                 let pushes = subscription.take(max: 32)
                 if pushes.isEmpty { break }
                 for push in pushes {
@@ -452,8 +452,16 @@ final class ConnectionHandler: ChannelDuplexHandler {
                     do {
                         try push.encode(id: subscriptionID, maxFrameLength: limits.maxFrameLength, into: &out)
                     } catch {
-                        logger.error("cannot encode a push: \(error)")
-                        continue
+                        // Never skipped (that would be a gap): the subscription ends with `lagged` in its place.
+                        logger.warning(
+                            "ending a subscription: a push cannot be sent: \(error.message)",
+                            metadata: ["subscription": "\(subscriptionID)", "store": "\(subscription.name)"])
+                        out.clear()
+                        try? subscription.endBefore(push).encode(
+                            id: subscriptionID, maxFrameLength: limits.maxFrameLength, into: &out)
+                        context.write(wrapOutboundOut(out), promise: nil)
+                        wrote = true
+                        break pushing
                     }
                     context.write(wrapOutboundOut(out), promise: nil)
                     wrote = true

@@ -17,6 +17,22 @@ public enum WireProtocol {
     public static let maxClientNameLength = 256
     /// The most protocol versions a `hello` may offer.
     public static let maxOfferedVersions = 16
+
+    /// Bytes a frame needs besides one item's payload, for the message with the most around it: a `chain`
+    /// holding one insert of one item with a 1,024-byte id, in a store with a 128-byte name, with an
+    /// epoch-and-sequence condition. Every answer and push that carries an item (`rangeResult`, `itemsResult`,
+    /// `storeLoaded`, `storeEvent`) and every other request needs less, so an item whose payload is at most
+    /// `maxFrameLength - itemFrameReserve` can be written, read back and pushed in any of them.
+    public static let itemFrameReserve =
+        headerLength
+        + (2 + Naming.maxNameLength)  // text store
+        + (1 + 8 + 8)  // Condition, tag 3
+        + 4 + 1 + 4  // list<ChainStep> count, op, list<Item> count
+        + (2 + Naming.maxIDLength)  // ItemID
+        + 4  // bytes payload: its length
+
+    /// The largest item payload that fits `maxFrameLength` (see `itemFrameReserve`).
+    public static func largestItem(maxFrameLength: Int) -> Int { maxFrameLength - itemFrameReserve }
 }
 
 /// The flags byte of a frame header.

@@ -86,7 +86,7 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         help: ArgumentHelp("The largest item payload, in bytes (default: 1 MiB, or less to fit --max-frame).", valueName: "bytes"))
     var maxItemOption: Int?
 
-    var maxItem: Int { maxItemOption ?? min(1 << 20, maxFrame - 64) }
+    var maxItem: Int { maxItemOption ?? min(1 << 20, WireProtocol.largestItem(maxFrameLength: maxFrame)) }
 
     @Option(
         name: .customLong("max-batch"), help: ArgumentHelp("The most items, ids or steps in one request.", valueName: "n"))
@@ -154,8 +154,10 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         guard maxFrame >= 4096, maxFrame <= Int(UInt32.max) else {
             throw ValidationError("--max-frame must be between 4096 and \(UInt32.max)")
         }
-        guard maxItem >= 1, maxItem <= maxFrame - 64 else {
-            throw ValidationError("--max-item must be at least 1 and fit in a frame (--max-frame minus 64)")
+        guard maxItem >= 1, maxItem <= WireProtocol.largestItem(maxFrameLength: maxFrame) else {
+            throw ValidationError(
+                "--max-item must be at least 1 and fit in one frame with the largest id and store name: at most "
+                    + "--max-frame minus \(WireProtocol.itemFrameReserve) (\(WireProtocol.largestItem(maxFrameLength: maxFrame)))")
         }
         guard maxBatch >= 1 else { throw ValidationError("--max-batch must be at least 1") }
         guard maxInFlight >= 1 else { throw ValidationError("--max-in-flight must be at least 1") }

@@ -143,3 +143,71 @@ extension Integration {
         }
     }
 }
+
+extension Integration {
+    /// Every item the daemon accepts can be sent back (issue "Bounded memory whatever clients do", item 5).
+    @Suite struct ItemLimits {
+        /// At `--max-frame 4096` the largest accepted item (a 1,024-byte id in a 128-byte store name) reads back
+        /// through queryRange, getItems, a live subscription and a new one's snapshot; one byte more is refused.
+        /// Before: max item 4,032 was accepted, then queryRange and getItems answered frameTooLarge, the live
+        /// subscriber skipped the commit and a new subscriber never got its snapshot.
+        @Test func theLargestAcceptedItemComesBackEverywhere() async throws {
+            try await Daemon.with(arguments: ["--max-frame", "4096"]) { daemon in
+                let store = String(repeating: "s", count: Naming.maxNameLength)
+                let id = ItemID(String(repeating: "i", count: Naming.maxIDLength))
+                let largest = WireProtocol.largestItem(maxFrameLength: 4096)
+                let payload = Payload(ByteBuffer(repeating: UInt8(ascii: "x"), count: largest))
+
+                let watcher = try RawClient(socketPath: daemon.socketPath)
+                try watcher.handshake()
+                try watcher.request(.subscribe(.init(name: store)), id: 1)
+                guard case (1, .subscribed(let subscribed))? = try watcher.nextMessage() else { throw DaemonFailure("not subscribed") }
+                guard case .storeLoaded? = try watcher.nextMessage()?.message else { throw DaemonFailure("no snapshot") }
+
+                let writer = try RawClient(socketPath: daemon.socketPath)
+                let welcome = try writer.handshake()
+                #expect(welcome.maxItemLength == UInt32(largest))
+                let tooLarge = Payload(ByteBuffer(repeating: UInt8(ascii: "x"), count: largest + 1))
+                try writer.request(.insert(.init(store: store, items: [Item(id: id, payload: tooLarge)])), id: 1)
+                guard case (1, .error(let refusal))? = try writer.nextMessage() else { throw DaemonFailure("accepted") }
+                #expect(refusal.code == .itemTooLarge)
+                try writer.request(.insert(.init(store: store, items: [Item(id: id, payload: payload)])), id: 2)
+                guard case (2, .writeResult(let result))? = try writer.nextMessage() else { throw DaemonFailure("no result") }
+                #expect(result.committed && result.sequence == 1)
+
+                // A live subscriber gets the commit (no gap).
+                guard case (subscribed.subscriptionID, .storeEvent(let event))? = try watcher.nextMessage() else {
+                    throw DaemonFailure("the live subscriber did not get the commit")
+                }
+                #expect(event.sequence == 1)
+                guard case .insert(let records) = event.elements.first else { throw DaemonFailure("not an insert") }
+                #expect(records.first?.payload == payload && records.first?.id == id)
+
+                try writer.request(.queryRange(.init(store: store)), id: 3)
+                guard case (3, .rangeResult(let range))? = try writer.nextMessage() else { throw DaemonFailure("no range") }
+                #expect(range.elements.first?.payload == payload)
+                try writer.request(.getItems(.init(store: store, ids: [id])), id: 4)
+                guard case (4, .itemsResult(let items))? = try writer.nextMessage() else { throw DaemonFailure("no items") }
+                guard case .present(let record)? = items.elements.first else { throw DaemonFailure("missing") }
+                #expect(record.payload == payload)
+
+                // A new subscriber's snapshot carries it.
+                try writer.request(.subscribe(.init(name: store)), id: 5)
+                guard case (5, .subscribed)? = try writer.nextMessage() else { throw DaemonFailure("not subscribed") }
+                guard case .storeLoaded(let loaded)? = try writer.nextMessage()?.message else { throw DaemonFailure("no snapshot") }
+                #expect(loaded.elements.first?.payload == payload && loaded.count == 1)
+            }
+        }
+
+        @Test func maxItemThatCannotFitAFrameIsRefusedAtStartUp() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = try ChildProcess(
+                    [binDirectory + "/storebrokerd", "--socket", directory + "/s.sock", "--data-dir", directory + "/data",
+                     "--no-dbus", "--max-frame", "4096", "--max-item", "4032"],
+                    stdoutPath: directory + "/log", stderrPath: directory + "/log", in: directory)
+                #expect(await daemon.wait(atMost: 30) != 0)
+                #expect(daemon.stderr.contains("--max-item must be at least 1 and fit in one frame"), "\(daemon.stderr)")
+            }
+        }
+    }
+}
