@@ -380,12 +380,13 @@ public struct StoreInfo: WireCodable {
 
 /// `u8`: how an engine file on the search path stands.
 public enum EngineStatus: UInt8, Hashable, Sendable, Codable {
-    /// 0: the file is a usable engine, not loaded yet.
-    case available = 0
-    /// 1: loaded by the daemon.
+    /// 0: a file on the search path that passes the checks made before loading; not opened, so its version and
+    /// ABI are not known (a listing never loads a file: that would run its code).
+    case found = 0
+    /// 1: loaded by the daemon; version and ABI are the engine's.
     case loaded = 1
-    /// 2: cannot be used; `detail` says why.
-    case unusable = 2
+    /// 2: refused; `detail` says why (unsafe permissions, not an engine, a wrong ABI, shadowed...).
+    case refused = 2
 }
 
 /// `u32` capability bits an engine reports.

@@ -213,8 +213,9 @@ struct Engines: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "List every engine file on the daemon's search path, loaded or not.",
         discussion: """
-            ndjson: {"name","status","abi","capabilities","detail","path"} per file, status "available", "loaded"
-            or "unusable" (detail says why); detail is the engine's version otherwise.
+            ndjson: {"name","status","abi","capabilities","detail","path"} per file. status "loaded": abi,
+            capabilities and detail (the version) are the engine's; "found": not opened (listing never loads a
+            file, which would run its code), abi null; "refused": detail says why, abi null.
 
             Example:
               storectl engines
@@ -230,17 +231,20 @@ struct Engines: AsyncParsableCommand {
             guard case .engineList(let list) = answer else { throw unexpected(answer) }
             func status(_ info: EngineInfo) -> String {
                 switch info.status {
-                case .available: "available"
+                case .found: "found"
                 case .loaded: "loaded"
-                case .unusable: "unusable"
+                case .refused: "refused"
                 }
+            }
+            func abi(_ info: EngineInfo) -> String? {
+                info.status == .loaded ? "\(info.abiMajor).\(info.abiMinor)" : nil
             }
             func capabilities(_ info: EngineInfo) -> [String] {
                 (info.capabilities.contains(.persistent) ? ["persistent"] : [])
                     + (info.capabilities.contains(.atomic) ? ["atomic"] : [])
             }
             let objects = list.elements.map { info in
-                "{\"name\":\(JSON.string(info.name)),\"status\":\"\(status(info))\",\"abi\":\"\(info.abiMajor).\(info.abiMinor)\","
+                "{\"name\":\(JSON.string(info.name)),\"status\":\"\(status(info))\",\"abi\":\(abi(info).map(JSON.string) ?? "null"),"
                     + "\"capabilities\":\(JSON.array(capabilities(info).map(JSON.string))),"
                     + "\"detail\":\(JSON.string(info.detail)),\"path\":\(JSON.string(info.path))}"
             }
@@ -251,7 +255,7 @@ struct Engines: AsyncParsableCommand {
                 Table.print(
                     headers: ["NAME", "STATUS", "ABI", "CAPABILITIES", "DETAIL", "PATH"],
                     rows: list.elements.map {
-                        [$0.name, status($0), "\($0.abiMajor).\($0.abiMinor)", capabilities($0).joined(separator: ","), $0.detail, $0.path]
+                        [$0.name, status($0), abi($0) ?? "-", capabilities($0).joined(separator: ","), $0.detail, $0.path]
                     })
             }
         }

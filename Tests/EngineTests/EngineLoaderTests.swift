@@ -1,8 +1,13 @@
 import BrokerCore
 @testable import EngineLoader
 import Foundation
+import Synchronization
 import Testing
 import Wire
+
+final class StopFlag: Sendable {
+    let value = Mutex(false)
+}
 
 /// Runs a command (no shell) and waits for it; returns its exit status.
 func run(_ arguments: [String]) -> Int32 {
@@ -47,6 +52,13 @@ let brokenEngineSource = #"""
         o, c, dr, ap, g, sc, co, ke, ct,
     #endif
     };
+    #ifdef CONSTRUCTOR_MARKER
+    #include <stdio.h>
+    __attribute__((constructor)) static void marked(void) {
+        FILE *f = fopen(CONSTRUCTOR_MARKER, "a");
+        if (f) { fputs("ran\n", f); fclose(f); }
+    }
+    #endif
     #ifndef NO_ENTRY
     const storebroker_engine *storebroker_engine_entry(void) { return &table; }
     #else
@@ -193,18 +205,120 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
             let buildDirectory = (memory.path as NSString).deletingLastPathComponent
             let loader = EngineLoader(searchPath: .init(directories: [directory, buildDirectory]))
             _ = try loader.load("sqlite")
+            #expect(throws: EngineLoadError.self) { try loader.load("future") }
             let listing = loader.list()
             let byPath = Dictionary(uniqueKeysWithValues: listing.map { ($0.path, $0.info) })
-            #expect(byPath[directory + "/libstorebroker-engine-future.so"]?.status == .unusable)
+            #expect(byPath[directory + "/libstorebroker-engine-future.so"]?.status == .refused)
             #expect(byPath[directory + "/libstorebroker-engine-future.so"]?.detail.contains("ABI 2.3") == true)
+            #expect(byPath[directory + "/libstorebroker-engine-junk.so"]?.status == .refused)
             #expect(byPath[directory + "/libstorebroker-engine-junk.so"]?.detail.contains("not a shared object") == true)
-            #expect(byPath[copy]?.status == .available)
-            #expect(byPath[buildDirectory + "/libstorebroker-engine-memory.so"]?.status == .unusable)
+            #expect(byPath[copy]?.status == .found)
+            #expect(byPath[buildDirectory + "/libstorebroker-engine-memory.so"]?.status == .refused)
             #expect(byPath[buildDirectory + "/libstorebroker-engine-memory.so"]?.detail.contains("shadowed by") == true)
             #expect(byPath[buildDirectory + "/libstorebroker-engine-sqlite.so"]?.status == .loaded)
-            #expect(byPath[buildDirectory + "/libstorebroker-engine-disk.so"]?.status == .available)
-            #expect(byPath[buildDirectory + "/libstorebroker-engine-disk.so"]?.detail == "1.0.0")
+            #expect(byPath[buildDirectory + "/libstorebroker-engine-sqlite.so"]?.abiMajor == 1)
+            #expect(byPath[buildDirectory + "/libstorebroker-engine-disk.so"]?.status == .found)
+            #expect(!loader.isLoaded(path: buildDirectory + "/libstorebroker-engine-disk.so"))
             #expect(!listing.contains { $0.path.hasSuffix("README") })
+        }
+    }
+
+    /// Listing runs no engine code: a file's constructor runs only when it is loaded (before: listing loaded
+    /// every file on the search path).
+    @Test func listingRunsNoEngineCode() async throws {
+        try await withTemporaryDirectory { directory in
+            let marker = directory + "/constructor-ran"
+            _ = try buildBrokenEngine("marked", in: directory, defines: ["ENGINE_NAME=\"marked\"", "CONSTRUCTOR_MARKER=\"\(marker)\""])
+            let loader = EngineLoader(searchPath: .init(directories: [directory]))
+            #expect(loader.list().first?.info.status == .found)
+            #expect(!FileManager.default.fileExists(atPath: marker), "listing ran the engine's constructor")
+            _ = try loader.load("marked")
+            #expect(FileManager.default.fileExists(atPath: marker))
+            #expect(loader.list().first?.info.status == .loaded)
+        }
+    }
+
+    /// Every directory above an engine must be owned by this user or root and not writable by others, unless it
+    /// is sticky like /tmp (before: a .so in a world-writable directory or one owned by another user loaded).
+    @Test func directoriesAboveAnEngineAreChecked() async throws {
+        try await withTemporaryDirectory { directory in
+            let engines = directory + "/engines"
+            try FileManager.default.createDirectory(atPath: engines, withIntermediateDirectories: false)
+            _ = try buildBrokenEngine("placed", in: engines, defines: ["ENGINE_NAME=\"placed\""])
+            func attempt() -> EngineLoadError? { loadError(EngineLoader(searchPath: .init(directories: [engines])), "placed") }
+
+            chmod(engines, 0o777)
+            #expect(attempt()?.message.contains("the directory \(engines) is world-writable") == true)
+            #expect(EngineLoader(searchPath: .init(directories: [engines])).list().first?.info.status == .refused)
+            chmod(engines, 0o1777)  // sticky, like /tmp: others cannot replace our file
+            #expect(attempt() == nil)
+            chmod(engines, 0o755)
+            if getuid() == 0 {
+                chown(engines, 65534, 65534)
+                #expect(attempt()?.message.contains("the directory \(engines) is owned by uid 65534") == true)
+                // A link from a safe directory into it is checked where it really leads.
+                chown(engines, 0, 0)
+                let other = directory + "/theirs"
+                try FileManager.default.createDirectory(atPath: other, withIntermediateDirectories: false)
+                _ = try buildBrokenEngine("linked", in: other, defines: ["ENGINE_NAME=\"linked\""])
+                chown(other, 65534, 65534)
+                try FileManager.default.createSymbolicLink(
+                    atPath: engines + "/libstorebroker-engine-linked.so", withDestinationPath: other + "/libstorebroker-engine-linked.so")
+                let error = loadError(EngineLoader(searchPath: .init(directories: [engines])), "linked")
+                #expect(error?.message.contains("the directory \(other) is owned by uid 65534") == true, "\(String(describing: error))")
+            }
+        }
+    }
+
+    /// A link swapped between the check and the load cannot make the loader run another file: 300 loads (each
+    /// through a path of its own, so the dynamic linker cannot answer from its cache) while another thread flips a
+    /// link between a safe engine and another user's, whose constructor leaves a mark; the mark never appears,
+    /// and the other user's file is refused. (Before: the check followed the path, then dlopen followed it
+    /// again; the other user's constructor ran within 40 daemon starts.)
+    @Test func aLinkSwappedDuringTheLoadNeverRunsTheOtherFile() async throws {
+        guard getuid() == 0 else {
+            print("EngineLoaderTests: skipped the swap race (needs root to chown)")
+            return
+        }
+        try await withTemporaryDirectory { directory in
+            let safe = directory + "/safe"
+            let theirs = directory + "/theirs"
+            for path in [safe, theirs] { try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false) }
+            let good = try buildBrokenEngine("swap", in: safe, defines: ["ENGINE_NAME=\"swap\""])
+            let marker = directory + "/evil-ran"
+            let evil = try buildBrokenEngine("swap", in: theirs, defines: ["ENGINE_NAME=\"swap\"", "CONSTRUCTOR_MARKER=\"\(marker)\""])
+            chown(evil, 65534, 65534)
+            let flip = directory + "/current"
+            try FileManager.default.createSymbolicLink(atPath: flip, withDestinationPath: good)
+
+            let stop = StopFlag()
+            let flipper = Thread {
+                var toEvil = true
+                while !stop.value.withLock({ $0 }) {
+                    let staged = directory + "/staged"
+                    unlink(staged)
+                    symlink(toEvil ? evil : good, staged)
+                    rename(staged, flip)
+                    toEvil.toggle()
+                }
+            }
+            flipper.start()
+            var loads = 0
+            var refusals = 0
+            for attempt in 0..<300 {
+                let search = directory + "/search-\(attempt)"
+                mkdir(search, 0o755)
+                symlink(flip, search + "/libstorebroker-engine-swap.so")
+                do {
+                    _ = try EngineLoader(searchPath: .init(directories: [search])).load("swap")
+                    loads += 1
+                } catch {
+                    refusals += 1
+                }
+            }
+            stop.value.withLock { $0 = true }
+            #expect(!FileManager.default.fileExists(atPath: marker), "the other user's engine ran")
+            #expect(loads > 0 && refusals > 0, "\(loads) loads, \(refusals) refusals: the link did not flip")
         }
     }
 

@@ -179,8 +179,10 @@ extension Integration {
                 let objects = engines.lines.map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
                 let byName = Dictionary(objects.map { ($0["name"] as! String, $0) }, uniquingKeysWith: { a, _ in a })
                 #expect(byName["sqlite"]?["status"] as? String == "loaded")
-                #expect(byName["memory"]?["status"] as? String == "available")
-                #expect(byName["disk"]?["capabilities"] as? [String] == ["persistent", "atomic"])
+                #expect(byName["memory"]?["status"] as? String == "found")
+                #expect(byName["memory"]?["abi"] is NSNull)
+                #expect(byName["sqlite"]?["abi"] as? String == "1.0")
+                #expect(byName["sqlite"]?["capabilities"] as? [String] == ["persistent", "atomic"])
             }
         }
 

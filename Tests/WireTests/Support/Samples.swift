@@ -146,7 +146,7 @@ let samples: [Sample] = [
                         status: .loaded, abiMajor: 1, abiMinor: 0, capabilities: [.persistent, .atomic],
                         detail: "1.0.0"),
                     EngineInfo(
-                        name: "old", path: "/tmp/libstorebroker-engine-old.so", status: .unusable, abiMajor: 2,
+                        name: "old", path: "/tmp/libstorebroker-engine-old.so", status: .refused, abiMajor: 2,
                         abiMinor: 0, capabilities: [], detail: "ABI major 2 is not supported"),
                 ])))),
     Sample(
