@@ -15,52 +15,110 @@ extension Channel {
     /// Closes once `lastWord` is written, without losing it: closing a socket that still holds unread input
     /// makes the kernel send a reset, and a reset can destroy the client's copy of the last word. So the
     /// output is shut down first (the client reads the last word, then end of stream), and the connection is
-    /// closed when the client closes its side, or after 5 seconds.
-    func closeAfterLastWord(_ lastWord: EventLoopFuture<Void>) {
+    /// closed when the client closes its side, or after `linger`.
+    func closeAfterLastWord(_ lastWord: EventLoopFuture<Void>, linger: TimeAmount = .seconds(5)) {
         lastWord.whenComplete { _ in
             self.close(mode: .output, promise: nil)
-            self.eventLoop.scheduleTask(in: .seconds(5)) { self.close(promise: nil) }
+            self.eventLoop.scheduleTask(in: linger) { self.close(promise: nil) }
         }
     }
 }
 
-/// Answers a connection it will not serve with one `error` (id 0), then closes it.
+/// Answers a connection it will not serve with one `error` (id 0), then closes it: when the client closes its
+/// side, or after `linger`.
 final class RefusingHandler: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
     private let error: WireError
+    private let linger: TimeAmount
 
-    init(error: WireError) {
+    init(error: WireError, linger: TimeAmount = .seconds(5)) {
         self.error = error
+        self.linger = linger
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        context.channel.closeAfterLastWord(context.writeAndFlush(wrapOutboundOut(ServerSession.errorFrame(error, id: 0))))
+        context.channel.closeAfterLastWord(
+            context.writeAndFlush(wrapOutboundOut(ServerSession.errorFrame(error, id: 0))), linger: linger)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {}  // nothing it says matters
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        // The client read the refusal and closed its side: nothing is left to say either way.
+        if event is ChannelEvent, case .inputClosed = event as! ChannelEvent { context.close(promise: nil) }
+    }
 }
 
-/// Says once per episode that accepting fails (typically EMFILE: out of file descriptors), and when it
-/// works again.
+/// Says that accepting fails (typically EMFILE: out of file descriptors) once per episode, and when it works
+/// again: an episode ends after 10 s without a failure, so a daemon living at its limit logs two lines, not two
+/// per connection.
 final class AcceptTroubleLog: Sendable {
     private let logger: Logger
     private let troubled = Atomic<Bool>(false)
+    private let lastFailure = Mutex<ContinuousClock.Instant>(.now)
 
     init(logger: Logger) {
         self.logger = logger
     }
 
     func report(_ error: IOError) {
+        lastFailure.withLock { $0 = .now }
         if !troubled.exchange(true, ordering: .relaxed) {
             logger.warning(
-                "cannot accept connections: \(error); retrying every 250 ms (raise the descriptor limit or lower --max-connections)")
+                "cannot accept connections: \(error); retrying every 250 ms, refusing what it can with tooManyConnections (raise the descriptor limit or lower --max-connections)")
         }
     }
 
     func accepted() {
-        if troubled.load(ordering: .relaxed), troubled.exchange(false, ordering: .relaxed) {
+        guard troubled.load(ordering: .relaxed), lastFailure.withLock({ .now - $0 > .seconds(10) }) else { return }
+        if troubled.exchange(false, ordering: .relaxed) {
             logger.notice("accepting connections again")
+        }
+    }
+}
+
+/// One descriptor kept in reserve (on /dev/null) so that a client can be told clearly that the daemon is out
+/// of descriptors instead of waiting unanswered: when `accept` fails with EMFILE the reserve is given up, the
+/// next connection accepted with it gets `tooManyConnections`, and the reserve is taken back when that
+/// connection has closed.
+final class DescriptorReserve: Sendable {
+    private struct State {
+        var fd: Int32 = -1
+        var refuseNext = false
+    }
+
+    private let state = Mutex(State())
+
+    init() {
+        restore()
+    }
+
+    /// Accepting failed for lack of descriptors: free the reserve for the next accept, to refuse it. True when
+    /// it was there to free.
+    func release() -> Bool {
+        state.withLock { state in
+            guard state.fd >= 0 else { return false }
+            close(state.fd)
+            state.fd = -1
+            state.refuseNext = true
+            return true
+        }
+    }
+
+    /// Whether this accepted connection used the reserve and must be refused (asked once per connection).
+    func takeRefusal() -> Bool {
+        state.withLock { state in
+            defer { state.refuseNext = false }
+            return state.refuseNext
+        }
+    }
+
+    /// Takes the reserve back (when it can: a descriptor may not be free yet; then at the next chance).
+    func restore() {
+        state.withLock { state in
+            guard state.fd < 0 else { return }
+            state.fd = open("/dev/null", O_RDONLY | O_CLOEXEC)
         }
     }
 }
@@ -254,6 +312,7 @@ public final class BrokerDaemon: Sendable {
         let budget = ByteBudget(perConnection: configuration.maxConnectionBytes, total: configuration.maxTotalBytes)
         let timeouts = Timeouts(handshake: configuration.handshakeTimeout, frame: configuration.frameTimeout)
         let acceptTrouble = AcceptTroubleLog(logger: logger)
+        let reserve = DescriptorReserve()
         return ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.backlog, value: Int32(clamping: configuration.listenBacklog))
             .serverChannelInitializer { channel in
@@ -263,6 +322,8 @@ public final class BrokerDaemon: Sendable {
                     try channel.pipeline.syncOperations.addHandler(
                         AcceptBackoffHandler(shouldForwardIOErrorCaught: false) { error in
                             acceptTrouble.report(error)
+                            // With the reserve freed, accept again at once: that connection is refused clearly.
+                            if error.errnoCode == EMFILE || error.errnoCode == ENFILE, reserve.release() { return nil }
                             return .milliseconds(250)
                         })
                 }
@@ -271,6 +332,17 @@ public final class BrokerDaemon: Sendable {
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelOption(.writeBufferWaterMark, value: .init(low: 64 * 1024, high: 256 * 1024))
             .childChannelInitializer { channel in
+                if reserve.takeRefusal() {
+                    // Accepted with the reserve descriptor: say why it cannot be served, then take it back.
+                    channel.closeFuture.whenComplete { _ in reserve.restore() }
+                    let error = WireError(
+                        .tooManyConnections,
+                        "storebrokerd has run out of file descriptors (raise its limit, or lower --max-connections); try again later")
+                    return channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(RefusingHandler(error: error, linger: .milliseconds(200)))
+                    }
+                }
+                reserve.restore()
                 registry.track(channel)
                 acceptTrouble.accepted()
                 if registry.count > maxConnections {

@@ -11,13 +11,16 @@ final class Daemon: @unchecked Sendable {
     let extraArguments: [String]
     /// Whether the daemon may use D-Bus (then `extraArguments` say which bus); otherwise `--no-dbus`.
     let dbus: Bool
+    /// A command the daemon is started through, e.g. `["prlimit", "--nofile=64:64", "--"]` (it must exec it).
+    let launcher: [String]
     private(set) var process: ChildProcess?
     private var starts = 0
 
     init(
         in directory: String, socketPath: String? = nil, dataDirectory: String? = nil, arguments: [String] = [],
-        dbus: Bool = false
+        dbus: Bool = false, launcher: [String] = []
     ) {
+        self.launcher = launcher
         self.directory = directory
         self.socketPath = socketPath ?? directory + "/s.sock"
         self.dataDirectory = dataDirectory ?? directory + "/data"
@@ -26,7 +29,7 @@ final class Daemon: @unchecked Sendable {
     }
 
     var arguments: [String] {
-        [binDirectory + "/storebrokerd", "--socket", socketPath, "--data-dir", dataDirectory] + (dbus ? [] : ["--no-dbus"])
+        launcher + [binDirectory + "/storebrokerd", "--socket", socketPath, "--data-dir", dataDirectory] + (dbus ? [] : ["--no-dbus"])
             + extraArguments
     }
 

@@ -48,8 +48,11 @@ final class RawClient {
     @discardableResult
     func handshake() throws -> ServerMessage.Welcome {
         send(try session.hello())
-        guard case .established(let welcome) = try nextEvent() else { throw DaemonFailure("no welcome") }
-        return welcome
+        switch try nextEvent() {
+        case .established(let welcome): return welcome
+        case .failed(let error): throw error  // a refusal: its code says why
+        default: throw DaemonFailure("no welcome")
+        }
     }
 
     func request(_ message: ClientMessage, id: UInt32) throws {
