@@ -21,6 +21,11 @@ import Glibc
 // checkpoint flushes the installed files with one syncfs, records the state, and deletes the journals. On
 // open, journals newer than the state are replayed in order (replay is idempotent: it rewrites exactly what
 // the journal names), so an apply is either wholly there after a crash or not at all.
+//
+// A full disk: an apply whose journal cannot be written fails and changes nothing. An apply whose journal is
+// durable is committed even if its item files cannot be written: those items are kept in memory (`unwritten`),
+// served from there, and written at the next call once there is room; no checkpoint runs until they are, so
+// the journals stay. Opening with the disk still full works the same way: the store is always readable.
 
 @_cdecl("storebroker_engine_entry")
 public func storebrokerEngineEntry() -> UnsafePointer<storebroker_engine> { diskEngineTable }
@@ -80,9 +85,9 @@ final class DiskStore: EngineStoreImplementation {
     private var journals: [String] = []
     private let checkpointEvery: Int
     private let failure: FailureInjection
-    /// Set when a committed apply could not be installed: the files no longer match the store until its
-    /// journals are replayed, so every later call fails until the store is reopened.
-    private var installFailure: EngineError?
+    /// Item files a committed apply changed that could not be written yet (the disk was full): the item, or
+    /// nil where the file must go. Reads look here first; every call tries to write them out.
+    private var unwritten: [UInt64: ItemFile?] = [:]
 
     init(directory: String, checkpointEvery: Int, failure: FailureInjection) throws(EngineError) {
         self.directory = directory
@@ -127,13 +132,15 @@ final class DiskStore: EngineStoreImplementation {
         for (_, path) in pending.sorted(by: { $0.sequence < $1.sequence }) {
             guard let bytes = try Files.read(path) else { continue }
             let (journalSequence, next, count, steps) = try Self.decodeJournal(bytes, path: path)
-            try install(steps)
+            stage(steps)
             sequence = journalSequence
             nextPosition = max(nextPosition, next)
             expectedCount = count
             journals.append(path)
         }
-        try checkpoint()
+        // What cannot be written now (a full disk) is served from memory and written later.
+        try? writeUnwritten()
+        try? checkpoint()
     }
 
     private func loadIndex() throws(EngineError) {
@@ -142,7 +149,11 @@ final class DiskStore: EngineStoreImplementation {
             guard name.count == 16, let position = UInt64(name, radix: 16) else {
                 throw EngineError.corrupt("unexpected file \(itemsDirectory)/\(name)")
             }
+            guard unwritten[position] == nil else { continue }  // its file is stale or half written: memory has it
             let item = try readItem(position)
+            found.append((Slot(position: position, createdAt: item.createdAt, updatedAt: item.updatedAt), item.key))
+        }
+        for case let (position, item?) in unwritten {
             found.append((Slot(position: position, createdAt: item.createdAt, updatedAt: item.updatedAt), item.key))
         }
         guard UInt64(found.count) == expectedCount else {
@@ -171,6 +182,10 @@ final class DiskStore: EngineStoreImplementation {
     }
 
     private func readItem(_ position: UInt64) throws(EngineError) -> ItemFile {
+        if let pending = unwritten[position] {
+            guard let pending else { throw EngineError.corrupt("\(itemPath(position)) was removed") }
+            return pending
+        }
         let path = itemPath(position)
         guard let bytes = try Files.read(path) else {
             throw EngineError.corrupt("\(path) is missing; the store's files are damaged")
@@ -262,23 +277,41 @@ final class DiskStore: EngineStoreImplementation {
         return (sequence, nextPosition, count, steps)
     }
 
-    /// Makes the item files match the resolved steps. Idempotent, so a replay may repeat it.
-    private func install(_ steps: [Resolved]) throws(EngineError) {
+    /// Records what the resolved steps do to the item files, to be written by `writeUnwritten`. Idempotent, so
+    /// a replay may repeat it; a later step on a position replaces an earlier one.
+    private func stage(_ steps: [Resolved]) {
         for step in steps {
             switch step {
             case .put(let position, let key, let createdAt, let updatedAt, let payload):
-                try writeItem(position: position, key: key, createdAt: createdAt, updatedAt: updatedAt, payload: payload)
+                unwritten[position] = ItemFile(key: key, createdAt: createdAt, updatedAt: updatedAt, payload: payload[...])
             case .remove(let position):
-                try Files.remove(itemPath(position))
+                unwritten[position] = .some(nil)
             case .removeAll(let positions):
-                for position in positions { try Files.remove(itemPath(position)) }
+                for position in positions { unwritten[position] = .some(nil) }
             }
+        }
+    }
+
+    /// Writes the staged item files, forgetting each once it is on disk; stops at the first failure (a full
+    /// disk), keeping the rest for the next call.
+    private func writeUnwritten() throws(EngineError) {
+        for position in unwritten.keys.sorted() {
+            switch unwritten[position]! {
+            case let item?:
+                try writeItem(
+                    position: position, key: item.key, createdAt: item.createdAt, updatedAt: item.updatedAt,
+                    payload: Array(item.payload))
+            case nil:
+                try Files.remove(itemPath(position))
+            }
+            unwritten[position] = nil
         }
     }
 
     /// Makes every installed file durable, records the state, and drops the journals it covers.
     private func checkpoint() throws(EngineError) {
-        guard !journals.isEmpty else { return }
+        // The journals are the only durable copy of unwritten items: they stay until those are on disk.
+        guard !journals.isEmpty, unwritten.isEmpty else { return }
         try Files.syncFilesystem(itemsDirectory)
         try Files.syncDirectory(itemsDirectory)
         var encoder = Encoder()
@@ -297,7 +330,7 @@ final class DiskStore: EngineStoreImplementation {
     // MARK: The ABI
 
     func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence newSequence: UInt64) throws(EngineError) {
-        try requireInstalled()
+        try? writeUnwritten()  // room again after a full disk: catch up first
         // 1. Resolve to positions, in memory (rolled back on any failure before the commit point).
         table.begin()
         let savedNext = nextPosition
@@ -354,26 +387,14 @@ final class DiskStore: EngineStoreImplementation {
         sequence = newSequence
         expectedCount = UInt64(table.count)
         // 3. Install. The apply is committed (its journal is durable), so it reports success whatever happens
-        // now. If installing fails, the journal is replayed on the next open; until then every call fails
-        // loudly rather than serve files that miss a committed apply. A failed checkpoint only keeps the
-        // journals for longer.
-        do throws(EngineError) {
-            try install(resolved)
-        } catch {
-            installFailure = EngineError(
-                error.code, "a committed apply could not be installed (\(error.message)); reopen the store to replay its journal")
-            return
-        }
+        // now: files that cannot be written yet (a full disk) are served from memory and written at a later
+        // call; their journals stay until then. A failed checkpoint only keeps the journals for longer.
+        stage(resolved)
+        try? writeUnwritten()
         if journals.count >= checkpointEvery { try? checkpoint() }
     }
 
-    /// Fails if a committed apply is not installed yet.
-    private func requireInstalled() throws(EngineError) {
-        if let installFailure { throw installFailure }
-    }
-
     func get(_ keys: UnsafeBufferPointer<sb_bytes>, emit: (Int, UnsafePointer<sb_item>?) -> Bool) throws(EngineError) {
-        try requireInstalled()
         for (index, key) in keys.enumerated() {
             let bytes = key.bytes
             guard let slot = table.value(for: bytes) else {
@@ -385,7 +406,6 @@ final class DiskStore: EngineStoreImplementation {
     }
 
     func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) {
-        try requireInstalled()
         try table.visit { (key, slot) throws(EngineError) in try emitItem(slot, key: key, emit) }
     }
 
@@ -407,6 +427,7 @@ final class DiskStore: EngineStoreImplementation {
 
     func close() {
         // A failed checkpoint loses nothing: the journals stay and are replayed on the next open.
-        if installFailure == nil { try? checkpoint() }
+        try? writeUnwritten()
+        try? checkpoint()
     }
 }

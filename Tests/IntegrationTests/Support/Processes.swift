@@ -134,3 +134,14 @@ func eventually(within seconds: Double = 30, _ condition: () throws -> Bool) asy
     }
     return try condition()
 }
+
+/// Runs a command (an absolute path, no shell) and returns its exit status (killed after 60 s).
+func runCommand(_ arguments: [String], in directory: String) async throws -> Int32 {
+    let name = UUID().uuidString
+    let child = try ChildProcess(
+        arguments, stdoutPath: directory + "/\(name).out", stderrPath: directory + "/\(name).err", in: directory)
+    let status = await child.wait(atMost: 60)
+    unlink(child.stdoutPath)
+    unlink(child.stderrPath)
+    return status
+}
