@@ -19,7 +19,9 @@ extension Channel {
     func closeAfterLastWord(_ lastWord: EventLoopFuture<Void>, linger: TimeAmount = .seconds(5)) {
         lastWord.whenComplete { _ in
             self.close(mode: .output, promise: nil)
-            self.eventLoop.scheduleTask(in: linger) { self.close(promise: nil) }
+            // Cancelled when the client closes first: a pending task would keep the channel alive until then.
+            let deadline = self.eventLoop.scheduleTask(in: linger) { self.close(promise: nil) }
+            self.closeFuture.whenComplete { _ in deadline.cancel() }
         }
     }
 }

@@ -92,6 +92,11 @@ final class ConnectionHandler: ChannelDuplexHandler {
         self.context = context
     }
 
+    /// The context holds this handler: keeping it past removal would be a cycle that outlives the connection.
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
     func channelActive(context: ChannelHandlerContext) {
         registry.add(context.channel, goodbye: NIOLoopBound(self, eventLoop: context.eventLoop))
         budget.connectionOpened()
@@ -129,6 +134,13 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if case .inputClosed = event as? ChannelEvent {
+            if closing {
+                // Our last word (an error, goodbye) is on its way and the client has nothing more to say: close
+                // once what is written is out, rather than keep the connection for the linger time.
+                let channel = context.channel
+                context.writeAndFlush(wrapOutboundOut(ByteBuffer())).whenComplete { _ in channel.close(promise: nil) }
+                return
+            }
             // A half-close: the requests already sent are still answered (closeIfDone), then the connection closes.
             inputClosed = true
             processInput()
@@ -145,7 +157,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
         closing = true
         // Writes complete in order: once this empty one is written, so is every answer before it.
-        context.writeAndFlush(wrapOutboundOut(ByteBuffer())).whenComplete { _ in context.close(promise: nil) }
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(ByteBuffer())).whenComplete { _ in channel.close(promise: nil) }
     }
 
     /// The handshake or a frame took too long: an error, then close.

@@ -169,6 +169,11 @@ final class ClientHandler: ChannelInboundHandler {
         self.context = context
     }
 
+    /// The context holds this handler: keeping it past removal would be a cycle that outlives the connection.
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
     func handshake() -> EventLoopFuture<ServerMessage.Welcome> {
         guard let context else {
             return MultiThreadedEventLoopGroup.singleton.any().makeFailedFuture(
