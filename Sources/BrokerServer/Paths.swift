@@ -140,13 +140,21 @@ final class DataDirectoryLock: Sendable {
         let path = directory + "/.lock"
         // A daemon whose start-up fails removes the file it locked; one that opened it just before must not
         // then hold a lock on a file no longer there: the lock counts only while the path is still its file.
-        for _ in 0..<100 {
+        // A lock just released may still be held for a moment by a child being spawned (its copy of the
+        // descriptor lives until its exec): a busy lock is tried again for a second before it counts.
+        var busyTries = 0
+        for _ in 0..<200 {
             let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
             guard fd >= 0 else { throw DaemonError("cannot open \(path): \(DaemonPaths.errorText())") }
             guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
                 let code = errno
                 close(fd)
                 if code == EWOULDBLOCK {
+                    busyTries += 1
+                    if busyTries < 50 {
+                        usleep(20_000)
+                        continue
+                    }
                     throw DaemonError("another storebrokerd is already using the data directory \(directory)")
                 }
                 throw DaemonError("cannot lock \(path): \(DaemonPaths.errorText(code))")
