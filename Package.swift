@@ -19,6 +19,8 @@ let package = Package(
         .executable(name: "storebrokerd", targets: ["storebrokerd"]),
         .executable(name: "storectl", targets: ["storectl"]),
         .executable(name: "wiredump", targets: ["wiredump"]),
+        // The load generator: our protocol measured the way redis-benchmark measures Redis.
+        .executable(name: "storebroker-benchmark", targets: ["storebroker-benchmark"]),
         // Storage engines: each a shared library libstorebroker-engine-NAME.so beside the daemon binary.
         .library(name: "storebroker-engine-memory", type: .dynamic, targets: ["MemoryEngine"]),
         .library(name: "storebroker-engine-sqlite", type: .dynamic, targets: ["SQLiteEngine"]),
@@ -158,6 +160,14 @@ let package = Package(
         ),
         // The two-process demo (examples/notes-demo.sh).
         .executableTarget(name: "notes-demo", dependencies: ["StoreBrokerClient"], path: "examples/notes-demo"),
+        .executableTarget(
+            name: "storebroker-benchmark",
+            dependencies: [
+                "Wire", .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            path: "Benchmarks/storebroker-benchmark"
+        ),
         .executableTarget(
             name: "broker-bench",
             dependencies: ["StoreBrokerClient", "Wire", .product(name: "NIOCore", package: "swift-nio")],

@@ -155,13 +155,5 @@ struct DaemonFailure: Error, CustomStringConvertible {
 
 /// Runs storectl with `arguments` and waits for it (killed after 60 s: no test hangs).
 func runStorectl(_ arguments: [String], stdin: String? = nil, in directory: String) async throws -> ProcessResult {
-    let name = UUID().uuidString
-    let child = try ChildProcess(
-        [binDirectory + "/storectl"] + arguments, stdin: stdin, stdoutPath: directory + "/\(name).out",
-        stderrPath: directory + "/\(name).err", in: directory)
-    let status = await child.wait(atMost: 60)
-    let result = ProcessResult(status: status, stdout: child.stdout, stderr: child.stderr)
-    unlink(child.stdoutPath)
-    unlink(child.stderrPath)
-    return result
+    try await runProgram([binDirectory + "/storectl"] + arguments, stdin: stdin, in: directory)
 }

@@ -135,13 +135,20 @@ func eventually(within seconds: Double = 30, _ condition: () throws -> Bool) asy
     return try condition()
 }
 
-/// Runs a command (an absolute path, no shell) and returns its exit status (killed after 60 s).
-func runCommand(_ arguments: [String], in directory: String) async throws -> Int32 {
+/// Runs a program (an absolute path, no shell) and waits for it (killed after 60 s).
+func runProgram(_ arguments: [String], stdin: String? = nil, in directory: String) async throws -> ProcessResult {
     let name = UUID().uuidString
     let child = try ChildProcess(
-        arguments, stdoutPath: directory + "/\(name).out", stderrPath: directory + "/\(name).err", in: directory)
+        arguments, stdin: stdin, stdoutPath: directory + "/\(name).out", stderrPath: directory + "/\(name).err",
+        in: directory)
     let status = await child.wait(atMost: 60)
+    let result = ProcessResult(status: status, stdout: child.stdout, stderr: child.stderr)
     unlink(child.stdoutPath)
     unlink(child.stderrPath)
-    return status
+    return result
+}
+
+/// Runs a command and returns its exit status.
+func runCommand(_ arguments: [String], in directory: String) async throws -> Int32 {
+    try await runProgram(arguments, in: directory).status
 }

@@ -1,0 +1,364 @@
+// storebroker-benchmark: the broker's protocol under load, measured the way redis-benchmark measures Redis.
+//
+// One event loop drives every client (redis-benchmark's default: one thread). Each client is a NIO channel
+// whose handler sends the next window of -P requests from its read callback once the previous window is
+// answered: no Swift task, continuation or thread hop per request, one flush per window. Requests are encoded
+// with the Wire library; answers are only framed (header and `more` flag), never decoded, except that an
+// `error` answer is counted. Latency is from the window's flush to each answer, as redis-benchmark does.
+//
+// Output: redis-benchmark's CSV columns with --csv (one row per test, named as -t names it), its one-line
+// summary with -q, otherwise a short report. The client's own CPU time per request is printed too (on stderr
+// with --csv), so its share of the cost is visible.
+import ArgumentParser
+import Foundation
+import NIOCore
+import NIOPosix
+import Wire
+
+enum BenchTest: String, CaseIterable, ExpressibleByArgument {
+    case ping, insert, get, batch, chain, range
+}
+
+@main
+struct StoreBrokerBenchmark: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "storebroker-benchmark",
+        abstract: "Load a running storebrokerd the way redis-benchmark loads Redis.",
+        discussion: """
+            Tests: ping; insert (one item of -d bytes); get (one id); batch (one insert of -b items); chain (an
+            atomic insert of one item and remove of another); range (queryRange of up to 100 items). Ids are
+            "key:NNNNNNNNNNNN", random below -r (the same id without -r), in store "bench" (--store). get and
+            range first fill the store with min(-r, 10000) items (not timed).
+
+            Example:
+              storebroker-benchmark -s /tmp/sb.sock -c 50 -n 100000 -P 16 -t insert,get --csv
+            """)
+
+    @Option(name: .customShort("s"), help: "The broker's socket.") var socket: String
+    @Option(name: .customShort("c"), help: "Clients (connections).") var clients = 50
+    @Option(name: .customShort("n"), help: "Requests per test.") var requests = 100_000
+    @Option(name: .customShort("P"), help: "Requests in flight per client (a window, one flush).") var pipeline = 1
+    @Option(name: .customShort("d"), help: "Item payload bytes.") var dataSize = 3
+    @Option(name: .customShort("r"), help: "Random ids below this (0: one id).") var keyspace = 0
+    @Option(name: .customShort("b"), help: "Items per request in the batch test.") var batchItems = 100
+    @Option(name: .customShort("t"), help: "Tests, comma-separated.") var tests = "ping,insert,get,batch,chain,range"
+    @Option(help: "The store.") var store = "bench"
+    @Flag(help: "redis-benchmark's CSV.") var csv = false
+    @Flag(name: .customShort("q"), help: "One line per test.") var quiet = false
+
+    func validate() throws {
+        guard clients >= 1, requests >= 1, pipeline >= 1, dataSize >= 0, keyspace >= 0, batchItems >= 1 else {
+            throw ValidationError("-c, -n, -P and -b must be at least 1; -d and -r at least 0")
+        }
+        for name in tests.split(separator: ",") where BenchTest(rawValue: String(name)) == nil {
+            throw ValidationError("unknown test \(name); tests: \(BenchTest.allCases.map(\.rawValue).joined(separator: ","))")
+        }
+    }
+
+    func run() throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { try? group.syncShutdownGracefully() }
+        if csv {
+            print("\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"")
+        }
+        for name in tests.split(separator: ",") {
+            let test = BenchTest(rawValue: String(name))!
+            let workload = Workload(
+                test: test, store: store, dataSize: dataSize, keyspace: keyspace, batchItems: batchItems)
+            if test == .get || test == .range {
+                try fill(group: group)
+            }
+            let result = try Run.measure(
+                workload, socket: socket, clients: clients, requests: requests, pipeline: pipeline, group: group)
+            report(test, result)
+        }
+    }
+
+    /// Puts min(-r, 10000) items in the store, so that get and range find something.
+    private func fill(group: MultiThreadedEventLoopGroup) throws {
+        let count = min(max(keyspace, 1), 10_000)
+        let filler = Workload(test: .batch, store: store, dataSize: dataSize, keyspace: 0, batchItems: min(count, 100))
+        filler.sequentialKeys = true
+        _ = try Run.measure(
+            filler, socket: socket, clients: 1, requests: (count + 99) / 100, pipeline: 16, group: group)
+    }
+
+    private func report(_ test: BenchTest, _ result: Run.Result) {
+        let cpu = String(format: "%.1f", result.cpuMicrosecondsPerRequest)
+        if csv {
+            print(
+                "\"\(test.rawValue)\",\"\(f(result.requestsPerSecond))\",\"\(f(result.average))\",\"\(f(result.percentile(0)))\","
+                    + "\"\(f(result.percentile(50)))\",\"\(f(result.percentile(95)))\",\"\(f(result.percentile(99)))\","
+                    + "\"\(f(result.percentile(100)))\"")
+            FileHandle.standardError.write(Data("# \(test.rawValue): client CPU \(cpu) µs per request, \(result.errors) errors\n".utf8))
+        } else if quiet {
+            print("\(test.rawValue): \(f(result.requestsPerSecond)) requests per second, p50=\(f(result.percentile(50))) msec, client CPU \(cpu) µs/request")
+        } else {
+            print("====== \(test.rawValue) ======")
+            print("  \(result.requests) requests completed in \(f(result.seconds)) seconds")
+            print("  \(clients) parallel clients, pipeline \(pipeline), \(dataSize) bytes payload, \(result.errors) errors")
+            print("  latency (msec): avg \(f(result.average)) min \(f(result.percentile(0))) p50 \(f(result.percentile(50))) p95 \(f(result.percentile(95))) p99 \(f(result.percentile(99))) max \(f(result.percentile(100)))")
+            print("  throughput: \(f(result.requestsPerSecond)) requests per second")
+            print("  client CPU: \(cpu) µs per request")
+        }
+    }
+
+    private func f(_ value: Double) -> String { String(format: "%.3f", value) }
+}
+
+/// What one test sends. Encodes each request into the window's buffer.
+final class Workload: @unchecked Sendable {
+    let test: BenchTest
+    let store: String
+    let payload: Payload
+    let keyspace: Int
+    let batchItems: Int
+    /// Ids 0, 1, 2... instead of random ones (filling the store).
+    var sequentialKeys = false
+    private var next = 0
+    private var random = SystemRandomNumberGenerator()
+
+    init(test: BenchTest, store: String, dataSize: Int, keyspace: Int, batchItems: Int) {
+        self.test = test
+        self.store = store
+        self.payload = Payload(ByteBuffer(repeating: UInt8(ascii: "x"), count: dataSize))
+        self.keyspace = keyspace
+        self.batchItems = batchItems
+    }
+
+    private func key() -> ItemID {
+        let number: Int
+        if sequentialKeys {
+            number = next
+            next += 1
+        } else {
+            number = keyspace > 0 ? Int.random(in: 0..<keyspace, using: &random) : 0
+        }
+        let digits = String(number)
+        return ItemID("key:" + String(repeating: "0", count: max(0, 12 - digits.count)) + digits)
+    }
+
+    func encode(id: UInt32, maxFrameLength: Int, into out: inout ByteBuffer) throws(WireError) {
+        let message: ClientMessage
+        switch test {
+        case .ping: message = .ping(.init())
+        case .insert: message = .insert(.init(store: store, items: [Item(id: key(), payload: payload)]))
+        case .get: message = .getItems(.init(store: store, ids: [key()]))
+        case .batch:
+            message = .insert(.init(store: store, items: (0..<batchItems).map { _ in Item(id: key(), payload: payload) }))
+        case .chain:
+            message = .chain(.init(store: store, steps: [.insert(items: [Item(id: key(), payload: payload)]), .remove(ids: [key()])]))
+        case .range: message = .queryRange(.init(store: store, limit: 100))
+        }
+        try message.encode(id: id, maxFrameLength: maxFrameLength, into: &out)
+    }
+}
+
+/// One test's run: every client on the one event loop; counters touched only there.
+final class Run: @unchecked Sendable {
+    struct Result {
+        var requests: Int
+        var seconds: Double
+        var errors: Int
+        /// Milliseconds, sorted.
+        var latencies: [Double]
+        var cpuSeconds: Double
+
+        var requestsPerSecond: Double { Double(requests) / seconds }
+        var average: Double { latencies.isEmpty ? 0 : latencies.reduce(0, +) / Double(latencies.count) }
+        var cpuMicrosecondsPerRequest: Double { cpuSeconds * 1e6 / Double(max(requests, 1)) }
+
+        func percentile(_ p: Double) -> Double {
+            guard !latencies.isEmpty else { return 0 }
+            let index = Int((p / 100 * Double(latencies.count - 1)).rounded())
+            return latencies[min(max(index, 0), latencies.count - 1)]
+        }
+    }
+
+    let workload: Workload
+    let total: Int
+    let pipeline: Int
+    var issued = 0
+    var answered = 0
+    /// Clients whose handshake is done.
+    var connected = 0
+    var errors = 0
+    var failure: (any Error)?
+    /// Nanoseconds from a window's flush to each answer.
+    var latencies: [UInt64]
+    let done: EventLoopPromise<Void>
+
+    init(workload: Workload, total: Int, pipeline: Int, done: EventLoopPromise<Void>) {
+        self.workload = workload
+        self.total = total
+        self.pipeline = pipeline
+        self.done = done
+        latencies = []
+        latencies.reserveCapacity(total)
+    }
+
+    /// How many requests the next window of a client may carry.
+    func claim() -> Int {
+        let count = min(pipeline, total - issued)
+        issued += count
+        return count
+    }
+
+    func answeredOne(latency: UInt64, error: Bool) {
+        latencies.append(latency)
+        answered += 1
+        if error { errors += 1 }
+        if answered == total { done.succeed(()) }
+    }
+
+    func fail(_ error: any Error) {
+        if failure == nil {
+            failure = error
+            done.fail(error)
+        }
+    }
+
+    static func measure(
+        _ workload: Workload, socket: String, clients: Int, requests: Int, pipeline: Int,
+        group: MultiThreadedEventLoopGroup
+    ) throws -> Result {
+        let loop = group.next()
+        let run = Run(workload: workload, total: requests, pipeline: pipeline, done: loop.makePromise())
+        let ready = loop.makePromise(of: Void.self)
+        let bootstrap = ClientBootstrap(group: loop)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(BenchClient(run: run, ready: ready, clients: clients))
+                }
+            }
+        // Connect and handshake every client first; then all start together.
+        var channels: [any Channel] = []
+        for _ in 0..<clients {
+            channels.append(try bootstrap.connect(unixDomainSocketPath: socket).wait())
+        }
+        try ready.futureResult.wait()
+        let all = channels
+        let cpuBefore = cpuSeconds()
+        let start = DispatchTime.now().uptimeNanoseconds
+        try loop.submit {
+            for channel in all {
+                try channel.pipeline.syncOperations.handler(type: BenchClient.self).start()
+            }
+        }.wait()
+        try run.done.futureResult.wait()
+        let seconds = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+        let cpu = cpuSeconds() - cpuBefore
+        for channel in channels { try? channel.close().wait() }
+        let latencies = try loop.submit { run.latencies.sorted().map { Double($0) / 1e6 } }.wait()
+        return Result(requests: requests, seconds: seconds, errors: run.errors, latencies: latencies, cpuSeconds: cpu)
+    }
+}
+
+/// This process's CPU time (user + system), in seconds.
+func cpuSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec)
+        + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+}
+
+/// One connection: hello, then windows of requests sent from the read callback.
+final class BenchClient: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private let run: Run
+    private let ready: EventLoopPromise<Void>
+    private let clients: Int
+    private var context: ChannelHandlerContext?
+    private var input = ByteBuffer()
+    private var established = false
+    private var maxFrameLength = WireProtocol.defaultMaxFrameLength
+    private var outstanding = 0
+    private var windowStart: UInt64 = 0
+    private var nextID: UInt32 = 1
+    private var out = ByteBuffer()
+
+    init(run: Run, ready: EventLoopPromise<Void>, clients: Int) {
+        self.run = run
+        self.ready = ready
+        self.clients = clients
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+    func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
+
+    func channelActive(context: ChannelHandlerContext) {
+        do {
+            context.writeAndFlush(wrapOutboundOut(try ClientSession(clientName: "storebroker-benchmark").hello()), promise: nil)
+        } catch {
+            run.fail(error)
+        }
+    }
+
+    func start() { sendWindow() }
+
+    private func sendWindow() {
+        guard let context else { return }
+        let count = run.claim()
+        guard count > 0 else { return }
+        out.clear()
+        do {
+            for _ in 0..<count {
+                try run.workload.encode(id: nextID, maxFrameLength: maxFrameLength, into: &out)
+                nextID &+= 1
+            }
+        } catch {
+            return run.fail(error)
+        }
+        outstanding = count
+        windowStart = DispatchTime.now().uptimeNanoseconds
+        context.writeAndFlush(wrapOutboundOut(out), promise: nil)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var bytes = unwrapInboundIn(data)
+        input.writeBuffer(&bytes)
+        while input.readableBytes >= WireProtocol.headerLength,
+            let length = input.getInteger(at: input.readerIndex, as: UInt32.self),
+            input.readableBytes >= WireProtocol.headerLength + Int(length)
+        {
+            let type = input.getInteger(at: input.readerIndex + 4, as: UInt8.self)!
+            let flags = FrameFlags(rawValue: input.getInteger(at: input.readerIndex + 5, as: UInt8.self)!)
+            if !established {
+                // The welcome (or a refusal), decoded once: its frame limit bounds our requests.
+                let decoder = FrameDecoder(maxFrameLength: WireProtocol.handshakeMaxFrameLength)
+                guard let frame = try? decoder.decode(&input), case .welcome(let welcome)? = try? ServerMessage(frame: frame) else {
+                    let failure = BenchFailure("the broker refused the handshake (type 0x\(String(type, radix: 16)))")
+                    ready.fail(failure)
+                    return run.fail(failure)
+                }
+                maxFrameLength = Int(welcome.maxFrameLength)
+                established = true
+                run.connected += 1
+                if run.connected == clients { ready.succeed(()) }
+                continue
+            }
+            input.moveReaderIndex(forwardBy: WireProtocol.headerLength + Int(length))
+            guard !flags.contains(.more) else { continue }  // the rest of a multi-frame answer follows
+            outstanding -= 1
+            run.answeredOne(latency: DispatchTime.now().uptimeNanoseconds - windowStart, error: type == MessageType.error.rawValue)
+            if outstanding == 0 { sendWindow() }
+        }
+        input.discardReadBytes()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        run.fail(error)
+        context.close(promise: nil)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        if run.answered < run.total { run.fail(BenchFailure("the broker closed a connection")) }
+    }
+}
+
+struct BenchFailure: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
