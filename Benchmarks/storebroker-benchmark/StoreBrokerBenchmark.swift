@@ -16,7 +16,7 @@ import NIOPosix
 import Wire
 
 enum BenchTest: String, CaseIterable, ExpressibleByArgument {
-    case ping, insert, get, batch, chain, range
+    case ping, insert, get, batch, chain, range, fanout
 }
 
 @main
@@ -26,9 +26,11 @@ struct StoreBrokerBenchmark: ParsableCommand {
         abstract: "Load a running storebrokerd the way redis-benchmark loads Redis.",
         discussion: """
             Tests: ping; insert (one item of -d bytes); get (one id); batch (one insert of -b items); chain (an
-            atomic insert of one item and remove of another); range (queryRange of up to 100 items). Ids are
-            "key:NNNNNNNNNNNN", random below -r (the same id without -r), in store "bench" (--store). get and
-            range first fill the store with min(-r, 10000) items (not timed).
+            atomic insert of one item and remove of another); range (queryRange of up to --range-limit items,
+            0 for all); fanout (one writer commits -n single inserts at --rate per second while --subscribers
+            connections follow the store: the latency is insert-to-delivery at each subscriber, -c and -P unused).
+            Ids are "key:NNNNNNNNNNNN", random below -r (the same id without -r), in store "bench" (--store). get
+            and range first fill the store with min(-r, 10000) items (not timed).
 
             Example:
               storebroker-benchmark -s /tmp/sb.sock -c 50 -n 100000 -P 16 -t insert,get --csv
@@ -43,6 +45,9 @@ struct StoreBrokerBenchmark: ParsableCommand {
     @Option(name: .customShort("b"), help: "Items per request in the batch test.") var batchItems = 100
     @Option(name: .customShort("t"), help: "Tests, comma-separated.") var tests = "ping,insert,get,batch,chain,range"
     @Option(help: "The store.") var store = "bench"
+    @Option(help: "Items per range request (0: all).") var rangeLimit = 100
+    @Option(help: "fanout: subscriber connections.") var subscribers = 32
+    @Option(help: "fanout: the writer's commits per second.") var rate = 1000
     @Flag(help: "redis-benchmark's CSV.") var csv = false
     @Flag(name: .customShort("q"), help: "One line per test.") var quiet = false
 
@@ -64,9 +69,16 @@ struct StoreBrokerBenchmark: ParsableCommand {
         for name in tests.split(separator: ",") {
             let test = BenchTest(rawValue: String(name))!
             let workload = Workload(
-                test: test, store: store, dataSize: dataSize, keyspace: keyspace, batchItems: batchItems)
+                test: test, store: store, dataSize: dataSize, keyspace: keyspace, batchItems: batchItems,
+                rangeLimit: rangeLimit)
             if test == .get || test == .range {
                 try fill(group: group)
+            }
+            if test == .fanout {
+                report(test, try FanOut.measure(
+                    socket: socket, store: store, subscribers: subscribers, commits: requests, rate: rate,
+                    dataSize: dataSize, group: group))
+                continue
             }
             let result = try Run.measure(
                 workload, socket: socket, clients: clients, requests: requests, pipeline: pipeline, group: group)
@@ -77,7 +89,8 @@ struct StoreBrokerBenchmark: ParsableCommand {
     /// Puts min(-r, 10000) items in the store, so that get and range find something.
     private func fill(group: MultiThreadedEventLoopGroup) throws {
         let count = min(max(keyspace, 1), 10_000)
-        let filler = Workload(test: .batch, store: store, dataSize: dataSize, keyspace: 0, batchItems: min(count, 100))
+        let filler = Workload(
+            test: .batch, store: store, dataSize: dataSize, keyspace: 0, batchItems: min(count, 100), rangeLimit: 0)
         filler.sequentialKeys = true
         _ = try Run.measure(
             filler, socket: socket, clients: 1, requests: (count + 99) / 100, pipeline: 16, group: group)
@@ -113,17 +126,19 @@ final class Workload: @unchecked Sendable {
     let payload: Payload
     let keyspace: Int
     let batchItems: Int
+    let rangeLimit: Int
     /// Ids 0, 1, 2... instead of random ones (filling the store).
     var sequentialKeys = false
     private var next = 0
     private var random = SystemRandomNumberGenerator()
 
-    init(test: BenchTest, store: String, dataSize: Int, keyspace: Int, batchItems: Int) {
+    init(test: BenchTest, store: String, dataSize: Int, keyspace: Int, batchItems: Int, rangeLimit: Int) {
         self.test = test
         self.store = store
         self.payload = Payload(ByteBuffer(repeating: UInt8(ascii: "x"), count: dataSize))
         self.keyspace = keyspace
         self.batchItems = batchItems
+        self.rangeLimit = rangeLimit
     }
 
     private func key() -> ItemID {
@@ -148,7 +163,8 @@ final class Workload: @unchecked Sendable {
             message = .insert(.init(store: store, items: (0..<batchItems).map { _ in Item(id: key(), payload: payload) }))
         case .chain:
             message = .chain(.init(store: store, steps: [.insert(items: [Item(id: key(), payload: payload)]), .remove(ids: [key()])]))
-        case .range: message = .queryRange(.init(store: store, limit: 100))
+        case .range: message = .queryRange(.init(store: store, limit: UInt32(rangeLimit)))
+        case .fanout: message = .ping(.init())  // measured by FanOut
         }
         try message.encode(id: id, maxFrameLength: maxFrameLength, into: &out)
     }
@@ -361,4 +377,173 @@ final class BenchClient: ChannelInboundHandler {
 struct BenchFailure: Error, CustomStringConvertible {
     var description: String
     init(_ description: String) { self.description = description }
+}
+
+/// fanout: one writer at a fixed rate, many subscribers; latency from the insert's send to its delivery at
+/// each subscriber (payloads carry the send time; one process, one clock).
+final class FanOut: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    /// Shared by the writer and the subscribers, on the one event loop.
+    final class State: @unchecked Sendable {
+        var latencies: [UInt64] = []
+        var delivered = 0
+        var expected = 0
+        var subscribed = 0
+        let allSubscribed: EventLoopPromise<Void>
+        let done: EventLoopPromise<Void>
+        init(loop: any EventLoop) {
+            allSubscribed = loop.makePromise()
+            done = loop.makePromise()
+        }
+    }
+
+    private let state: State
+    private let store: String
+    private let subscribers: Int
+    private var session = ClientSession(clientName: "storebroker-benchmark")
+    private var input = ByteBuffer()
+
+    init(state: State, store: String, subscribers: Int) {
+        self.state = state
+        self.store = store
+        self.subscribers = subscribers
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        do {
+            context.write(wrapOutboundOut(try session.hello()), promise: nil)
+            var out = ByteBuffer()
+            try session.encode(.subscribe(.init(name: store)), id: 1, into: &out)
+            context.writeAndFlush(wrapOutboundOut(out), promise: nil)
+        } catch {
+            state.done.fail(error)
+        }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var bytes = unwrapInboundIn(data)
+        input.writeBuffer(&bytes)
+        while let event = session.next(from: &input) {
+            switch event {
+            case .established: continue
+            case .failed(let error):
+                state.allSubscribed.fail(error)
+                state.done.fail(error)
+            case .message(_, .storeLoaded):
+                state.subscribed += 1
+                if state.subscribed == subscribers { state.allSubscribed.succeed(()) }
+            case .message(_, .storeEvent(let event)):
+                let now = DispatchTime.now().uptimeNanoseconds
+                for case .insert(let records) in event.elements {
+                    for record in records {
+                        guard let sent = record.payload.bytes.getInteger(at: record.payload.bytes.readerIndex, as: UInt64.self)
+                        else { continue }
+                        state.latencies.append(now - sent)
+                        state.delivered += 1
+                        if state.delivered == state.expected { state.done.succeed(()) }
+                    }
+                }
+            case .message(_, .lagged):
+                state.done.fail(BenchFailure("a subscriber lagged"))
+            case .message: continue
+            }
+        }
+        input.discardReadBytes()
+    }
+
+    static func measure(
+        socket: String, store: String, subscribers: Int, commits: Int, rate: Int, dataSize: Int,
+        group: MultiThreadedEventLoopGroup
+    ) throws -> Run.Result {
+        let loop = group.next()
+        let state = State(loop: loop)
+        state.expected = subscribers * commits
+        var channels: [any Channel] = []
+        for _ in 0..<subscribers {
+            channels.append(
+                try ClientBootstrap(group: loop)
+                    .channelInitializer { channel in
+                        channel.eventLoop.makeCompletedFuture {
+                            try channel.pipeline.syncOperations.addHandler(
+                                FanOut(state: state, store: store, subscribers: subscribers))
+                        }
+                    }
+                    .connect(unixDomainSocketPath: socket).wait())
+        }
+        try state.allSubscribed.futureResult.wait()
+        // The writer: one insert every 1/rate s on its own connection, its answers only read.
+        let writerReady = loop.makePromise(of: Void.self)
+        let writerChannel = try ClientBootstrap(group: loop)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(AnswerSink(ready: writerReady))
+                }
+            }
+            .connect(unixDomainSocketPath: socket).wait()
+        try writerReady.futureResult.wait()
+        let padding = max(0, dataSize - 8)
+        let cpuBefore = cpuSeconds()
+        let start = DispatchTime.now().uptimeNanoseconds
+        let interval = max(1, 1_000_000_000 / max(rate, 1))
+        let counter = WriterCounter()
+        let sent = try loop.submit { () -> RepeatedTask in
+            loop.scheduleRepeatedTask(initialDelay: .zero, delay: .nanoseconds(Int64(interval))) { task in
+                // Catch up to the schedule: commits due by now go out, each stamped when written.
+                let due = min(commits, Int((DispatchTime.now().uptimeNanoseconds - start) / UInt64(interval)) + 1)
+                var out = ByteBuffer()
+                while counter.count < due {
+                    var payload = ByteBuffer()
+                    payload.writeInteger(DispatchTime.now().uptimeNanoseconds)
+                    payload.writeRepeatingByte(UInt8(ascii: "x"), count: padding)
+                    let key = ItemID("key:\(counter.count)")
+                    try? ClientMessage.insert(.init(store: store, items: [Item(id: key, payload: Payload(payload))]))
+                        .encode(id: UInt32(truncatingIfNeeded: counter.count + 1), maxFrameLength: WireProtocol.defaultMaxFrameLength, into: &out)
+                    counter.count += 1
+                }
+                writerChannel.writeAndFlush(out, promise: nil)
+                if counter.count == commits { task.cancel() }
+            }
+        }.wait()
+        try state.done.futureResult.wait()
+        sent.cancel()
+        let seconds = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+        let cpu = cpuSeconds() - cpuBefore
+        for channel in channels + [writerChannel] { try? channel.close().wait() }
+        let latencies = try loop.submit { state.latencies.sorted().map { Double($0) / 1e6 } }.wait()
+        return Run.Result(requests: commits, seconds: seconds, errors: 0, latencies: latencies, cpuSeconds: cpu)
+    }
+}
+
+/// The fan-out writer's progress (touched on the event loop only).
+final class WriterCounter: @unchecked Sendable {
+    var count = 0
+}
+
+/// A connection that says hello and then only reads (the fan-out writer's answers).
+final class AnswerSink: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    private let ready: EventLoopPromise<Void>
+    private var welcomed = false
+
+    init(ready: EventLoopPromise<Void>) {
+        self.ready = ready
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        do {
+            context.writeAndFlush(wrapOutboundOut(try ClientSession(clientName: "storebroker-benchmark").hello()), promise: nil)
+        } catch {
+            ready.fail(error)
+        }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if !welcomed {
+            welcomed = true
+            ready.succeed(())
+        }
+    }
 }
