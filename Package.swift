@@ -168,6 +168,8 @@ let package = Package(
             ],
             path: "Benchmarks/storebroker-benchmark"
         ),
+        // The SQLite side of the side-by-side run: the same work straight on one SQLite file.
+        .executableTarget(name: "sqlite-direct", dependencies: ["CSQLite"], path: "Benchmarks/sqlite-direct"),
         .executableTarget(
             name: "broker-bench",
             dependencies: ["StoreBrokerClient", "Wire", .product(name: "NIOCore", package: "swift-nio")],

@@ -11,6 +11,8 @@ struct Options {
     var engines = ["sqlite", "memory"]
     var runs = 3
     var dbusBurst = false
+    /// `--library SOCKET`: sequential insert latency through BrokerConnection and RemoteStore on a running daemon.
+    var librarySocket: String?
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -19,8 +21,9 @@ struct Options {
             case "--runs": runs = Int(iterator.next() ?? "") ?? runs
             case "--engine": engines = (iterator.next() ?? "").split(separator: ",").map(String.init)
             case "--dbus-burst": dbusBurst = true
+            case "--library": librarySocket = iterator.next()
             default:
-                FileHandle.standardError.write(Data("usage: broker-bench [--runs N] [--engine sqlite,memory] [--dbus-burst]\n".utf8))
+                FileHandle.standardError.write(Data("usage: broker-bench [--runs N] [--engine sqlite,memory] [--dbus-burst] [--library SOCKET]\n".utf8))
                 exit(64)
             }
         }
@@ -255,7 +258,45 @@ func dbusBurst(runs: Int) async throws {
     print("the monitor received \(signals) StoreEvent signals carrying \(ids) ids for \(10_000 * runs) writes")
 }
 
+/// A note as RemoteStore sees it (a 200-byte item, like the load generator's -d 200).
+struct Note: Codable, Identifiable, Sendable {
+    var id: String
+    var text: String
+}
+
+/// 2,000 sequential inserts of one 200-byte item through BrokerConnection, then through RemoteStore.insert (which
+/// also waits for its mirror to show the write): p50 and p99 of each, in µs, one "name value" per line.
+func libraryLatency(socket: String) async throws {
+    let clock = ContinuousClock()
+    let connection = try await BrokerConnection.connect(socketPath: socket, clientName: "broker-bench")
+    var latencies: [Double] = []
+    for n in 0..<2000 {
+        let start = clock.now
+        _ = try await connection.send(.insert(.init(store: "library-connection", items: [item("\(n)", bytes: 200)])))
+        latencies.append(seconds(clock.now - start))
+    }
+    print("connection_p50_us \(median(latencies) * 1e6)")
+    print("connection_p99_us \(percentile(latencies, 0.99) * 1e6)")
+    await connection.close()
+    let client = BrokerClient(socketPath: socket, clientName: "broker-bench")
+    let store = RemoteStore<Note>(client: client, name: "library-store")
+    latencies = []
+    let text = String(repeating: "x", count: 180)
+    for n in 0..<2000 {
+        let start = clock.now
+        try await store.insert(Note(id: "\(n)", text: text))
+        latencies.append(seconds(clock.now - start))
+    }
+    print("remotestore_p50_us \(median(latencies) * 1e6)")
+    print("remotestore_p99_us \(percentile(latencies, 0.99) * 1e6)")
+    await client.close()
+}
+
 let options = Options(Array(CommandLine.arguments.dropFirst()))
+if let socket = options.librarySocket {
+    try await libraryLatency(socket: socket)
+    exit(0)
+}
 if options.dbusBurst {
     try await dbusBurst(runs: options.runs)
     exit(0)
