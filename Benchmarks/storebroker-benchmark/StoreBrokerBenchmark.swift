@@ -48,6 +48,7 @@ struct StoreBrokerBenchmark: ParsableCommand {
     @Option(help: "Items per range request (0: all).") var rangeLimit = 100
     @Option(help: "fanout: subscriber connections.") var subscribers = 32
     @Option(help: "fanout: the writer's commits per second.") var rate = 1000
+    @Flag(help: "Ids 0, 1, 2... in sending order instead of random ones (to fill a store).") var sequentialIds = false
     @Flag(help: "redis-benchmark's CSV.") var csv = false
     @Flag(name: .customShort("q"), help: "One line per test.") var quiet = false
 
@@ -71,6 +72,7 @@ struct StoreBrokerBenchmark: ParsableCommand {
             let workload = Workload(
                 test: test, store: store, dataSize: dataSize, keyspace: keyspace, batchItems: batchItems,
                 rangeLimit: rangeLimit)
+            workload.sequentialKeys = sequentialIds
             if test == .get || test == .range {
                 try fill(group: group)
             }

@@ -1,0 +1,539 @@
+#!/usr/bin/env python3
+"""Every workload of PRODUCT.md's speed section, storebroker and its counterpart side by side in one run.
+
+Called by scripts/bench-side-by-side.sh (which installs redis, builds release and passes --bin). Each row is
+the median of --runs runs that alternate which side goes first; the spread (min-max over the runs) is printed.
+Prints one table with every ratio; unless --quick, rewrites the generated section of docs/BENCHMARKS.md
+(between its markers) and docs/benchmarks-side-by-side.json. Standard library only.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BODEGA_READ_10K = 0.055  # s: Bodega's recorded read of 10,000 items on this kind of machine (not run here)
+
+
+def log(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+class Work:
+    """A temporary directory for daemons, Redis and databases, removed at the end."""
+
+    def __init__(self):
+        self.directory = tempfile.mkdtemp(prefix="sb-side-")
+        self.processes = []
+
+    def path(self, name):
+        return os.path.join(self.directory, name)
+
+    def spawn(self, arguments, log_name):
+        out = open(self.path(log_name), "ab")
+        process = subprocess.Popen(arguments, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes.append(process)
+        return process
+
+    def stop(self, process):
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process in self.processes:
+            self.processes.remove(process)
+
+    def close(self):
+        for process in list(self.processes):
+            self.stop(process)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def wait_for_socket(path, process, what):
+    for _ in range(1200):
+        if os.path.exists(path):
+            return
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited at start-up")
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not create {path}")
+
+
+class Redis:
+    def __init__(self, work, *config):
+        self.work = work
+        self.socket = work.path("redis.sock")
+        data = work.path("redis-data")
+        shutil.rmtree(data, ignore_errors=True)
+        os.makedirs(data)
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+        self.process = work.spawn(
+            ["redis-server", "--port", "0", "--unixsocket", self.socket, "--dir", data, "--save", ""] + list(config),
+            "redis.log")
+        wait_for_socket(self.socket, self.process, "redis-server")
+
+    def stop(self):
+        self.work.stop(self.process)
+
+
+class Broker:
+    """storebrokerd (release) on a fresh socket and data directory."""
+
+    def __init__(self, work, bin_dir, engine="memory", options=(), dbus=None, data=None, keep=False):
+        self.work = work
+        self.bin = bin_dir
+        self.socket = work.path("broker.sock")
+        self.data = data or work.path("broker-data")
+        if not keep:
+            shutil.rmtree(self.data, ignore_errors=True)
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+        arguments = [os.path.join(bin_dir, "storebrokerd"), "--socket", self.socket, "--data-dir", self.data,
+                     "--engine", engine, "--log-level", "warning"]
+        for option in options:
+            arguments += ["--engine-option", option]
+        arguments += ["--dbus-address", dbus] if dbus else ["--no-dbus"]
+        self.started = time.monotonic()
+        self.process = work.spawn(arguments, "broker.log")
+        wait_for_socket(self.socket, self.process, "storebrokerd")
+
+    def rss_bytes(self):
+        with open(f"/proc/{self.process.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def stop(self):
+        self.work.stop(self.process)
+
+
+def csv_rows(text):
+    """redis-benchmark's (and storebroker-benchmark's) CSV: test -> {rps, p50, p99} (p50/p99 in µs)."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [cell.strip('"') for cell in line.split('","')]
+        if len(cells) != 8 or cells[0] == "test":
+            continue
+        rows[cells[0]] = {"rps": float(cells[1]), "p50": float(cells[4]) * 1000, "p99": float(cells[6]) * 1000}
+    return rows
+
+
+def run(arguments, timeout=900):
+    result = subprocess.run(arguments, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(arguments[:6])}... failed ({result.returncode}): {result.stderr[-800:]}")
+    return result.stdout
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.bin = args.bin
+        self.quick = args.quick
+        self.runs = 1 if args.quick else args.runs
+        self.rows = []
+        self.work = Work()
+
+    def n(self, full, quick):
+        return quick if self.quick else full
+
+    def ours(self, socket, *arguments):
+        return csv_rows(run([os.path.join(self.bin, "storebroker-benchmark"), "-s", socket, "--csv"] + list(arguments)))
+
+    def redis(self, socket, *arguments):
+        return csv_rows(run(["redis-benchmark", "-s", socket, "--csv"] + list(arguments)))
+
+    def pair(self, title, ours, theirs, metrics):
+        """Runs ours() and theirs() --runs times, alternating which goes first. Each returns {metric: value};
+        metrics: [(row name, metric, unit, better, counterpart name)]."""
+        collected = {"ours": [], "theirs": []}
+        for index in range(self.runs):
+            order = [("ours", ours), ("theirs", theirs)] if index % 2 == 0 else [("theirs", theirs), ("ours", ours)]
+            for side, function in order:
+                if function is not None:
+                    collected[side].append(function())
+        log(f"  {title}: done")
+        for name, metric, unit, better, counterpart in metrics:
+            our_values = [values[metric] for values in collected["ours"]]
+            their_values = [values[metric] for values in collected["theirs"] if metric in values] if theirs else []
+            self.add(name, our_values, their_values, unit, better, counterpart)
+
+    def add(self, name, our_values, their_values, unit, better, counterpart):
+        row = {"row": name, "unit": unit, "better": better, "counterpart": counterpart,
+               "ours": statistics.median(our_values), "ours_runs": our_values}
+        if their_values:
+            row["theirs"] = statistics.median(their_values)
+            row["theirs_runs"] = their_values
+            row["ratio"] = row["ours"] / row["theirs"] if row["theirs"] else None
+        self.rows.append(row)
+
+    # --- the workloads ---
+
+    def floor_and_shapes(self):
+        requests = self.n(100_000, 20_000)
+        single = self.n(20_000, 5_000)
+        shapes = [
+            ("1 client", ["-c", "1", "-n", str(single)]),
+            ("1 client -P 16", ["-c", "1", "-P", "16", "-n", str(requests)]),
+            ("50 clients", ["-c", "50", "-n", str(requests)]),
+            ("50 clients -P 16", ["-c", "50", "-P", "16", "-n", str(requests * 2)]),
+        ]
+        for label, shape in shapes:
+            def ours(shape=shape):
+                broker = Broker(self.work, self.bin, engine="memory")
+                try:
+                    values = {}
+                    for test, rows in [("ping", self.ours(broker.socket, "-t", "ping", *shape)),
+                                       ("insert", self.ours(broker.socket, "-t", "insert", "-d", "200", "-r", "100000", *shape)),
+                                       ("get", self.ours(broker.socket, "-t", "get", "-d", "200", "-r", "100000", *shape))]:
+                        for metric, value in rows[test].items():
+                            values[f"{test}_{metric}"] = value
+                    return values
+                finally:
+                    broker.stop()
+
+            def theirs(shape=shape):
+                redis = Redis(self.work, "--appendonly", "no")
+                try:
+                    rows = self.redis(redis.socket, "-t", "ping,set,get", "-d", "200", "-r", "100000", *shape)
+                    values = {}
+                    for test, name in [("ping", "PING_MBULK"), ("insert", "SET"), ("get", "GET")]:
+                        for metric, value in rows[name].items():
+                            values[f"{test}_{metric}"] = value
+                    return values
+                finally:
+                    redis.stop()
+
+            metrics = [(f"ping, {label}: requests/s", "ping_rps", "/s", "higher", "PING_MBULK"),
+                       (f"insert, {label}: requests/s", "insert_rps", "/s", "higher", "SET"),
+                       (f"get, {label}: requests/s", "get_rps", "/s", "higher", "GET")]
+            if label == "1 client":
+                metrics = [("ping, 1 client: p50", "ping_p50", "µs", "lower", "PING_MBULK"),
+                           ("insert (memory), 1 client: p50", "insert_p50", "µs", "lower", "SET"),
+                           ("insert (memory), 1 client: p99", "insert_p99", "µs", "lower", "SET"),
+                           ("get, 1 client: p50", "get_p50", "µs", "lower", "GET"),
+                           ("get, 1 client: p99", "get_p99", "µs", "lower", "GET")] + metrics
+            self.pair(label, ours, theirs, metrics)
+
+    def batch(self):
+        requests = self.n(200, 40)
+        value = "x" * 200
+
+        def ours():
+            broker = Broker(self.work, self.bin, engine="memory")
+            try:
+                rows = self.ours(broker.socket, "-t", "batch", "-b", "1000", "-d", "200", "-r", "10000000", "-c", "1",
+                                 "-n", str(requests))
+                return {"items": rows["batch"]["rps"] * 1000}
+            finally:
+                broker.stop()
+
+        def theirs():
+            redis = Redis(self.work, "--appendonly", "no")
+            try:
+                command = ["MSET"]
+                for _ in range(1000):
+                    command += ["key:__rand_int__", value]
+                out = run(["redis-benchmark", "-s", redis.socket, "--csv", "-c", "1", "-n", str(requests),
+                           "-r", "10000000"] + command)
+                row = list(csv_rows(out).values())[0]
+                return {"items": row["rps"] * 1000}
+            finally:
+                redis.stop()
+
+        self.pair("batch", ours, theirs, [("batch of 1,000 × 200 B (memory): items/s", "items", "/s", "higher",
+                                           "MSET of 1,000")])
+
+    def durable(self):
+        single = self.n(5_000, 1_000)
+        many = self.n(20_000, 5_000)
+        for synchronous, fsync in [("FULL", "always"), ("NORMAL", "everysec")]:
+            for label, shape in [("1 client", ["-c", "1", "-n", str(single)]), ("50 clients", ["-c", "50", "-n", str(many)])]:
+                def ours(shape=shape, synchronous=synchronous):
+                    broker = Broker(self.work, self.bin, engine="sqlite", options=[f"sqlite.synchronous={synchronous}"])
+                    try:
+                        row = self.ours(broker.socket, "-t", "insert", "-d", "200", "-r", "1000000", *shape)["insert"]
+                        return {"rps": row["rps"], "p50": row["p50"]}
+                    finally:
+                        broker.stop()
+
+                def theirs(shape=shape, fsync=fsync):
+                    redis = Redis(self.work, "--appendonly", "yes", "--appendfsync", fsync)
+                    try:
+                        row = self.redis(redis.socket, "-t", "set", "-d", "200", "-r", "1000000", *shape)["SET"]
+                        return {"rps": row["rps"], "p50": row["p50"]}
+                    finally:
+                        redis.stop()
+
+                counterpart = f"SET, appendfsync {fsync}"
+                metrics = [(f"durable insert, sqlite {synchronous}, {label}: requests/s", "rps", "/s", "higher", counterpart)]
+                if label == "1 client":
+                    metrics.append((f"durable insert, sqlite {synchronous}, 1 client: p50", "p50", "µs", "lower", counterpart))
+                self.pair(f"durable {synchronous} {label}", ours, theirs, metrics)
+
+    def library(self):
+        def both():
+            broker = Broker(self.work, self.bin, engine="memory")
+            try:
+                generator = self.ours(broker.socket, "-t", "insert", "-c", "1", "-d", "200", "-r", "100000",
+                                      "-n", str(self.n(5000, 2000)))["insert"]
+                out = run([os.path.join(self.bin, "broker-bench"), "--library", broker.socket])
+                values = {k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())}
+                values["generator_p50"] = generator["p50"]
+                return values
+            finally:
+                broker.stop()
+
+        runs = [both() for _ in range(self.runs)]
+        log("  library: done")
+        generator = [r["generator_p50"] for r in runs]
+        self.add("BrokerConnection insert p50 (memory)", [r["connection_p50_us"] for r in runs], generator, "µs",
+                 "lower", "load generator insert p50")
+        self.add("RemoteStore.insert p50 (memory)", [r["remotestore_p50_us"] for r in runs], generator, "µs",
+                 "lower", "load generator insert p50")
+
+    def four_writers(self):
+        count = self.n(10_000, 2_000)
+
+        def ours():
+            broker = Broker(self.work, self.bin, engine="sqlite")
+            try:
+                start = time.monotonic()
+                writers = [subprocess.Popen(
+                    [os.path.join(self.bin, "storebroker-benchmark"), "-s", broker.socket, "--csv", "-t", "insert",
+                     "-c", "1", "-d", "200", "-r", "1000000000", "-n", str(count)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(4)]
+                if any(writer.wait() != 0 for writer in writers):
+                    raise RuntimeError("a writer failed")
+                return {"seconds": time.monotonic() - start}
+            finally:
+                broker.stop()
+
+        def theirs():
+            database = self.work.path("shared.sqlite3")
+            for suffix in ["", "-wal", "-shm"]:
+                if os.path.exists(database + suffix):
+                    os.unlink(database + suffix)
+            run([os.path.join(self.bin, "sqlite-direct"), "writer", database, "1", "NORMAL", "init"])
+            start = time.monotonic()
+            writers = [subprocess.Popen(
+                [os.path.join(self.bin, "sqlite-direct"), "writer", database, str(count), "NORMAL", f"p{index}"],
+                stdout=subprocess.DEVNULL) for index in range(4)]
+            if any(writer.wait() != 0 for writer in writers):
+                raise RuntimeError("a direct writer failed")
+            return {"seconds": time.monotonic() - start}
+
+        self.pair("four writers", ours, theirs, [(
+            f"4 writer processes × {count:,} single inserts (sqlite NORMAL): total", "seconds", "s", "lower",
+            "4 processes on one SQLite file")])
+
+    def batch_and_read(self):
+        def ours():
+            broker = Broker(self.work, self.bin, engine="sqlite")
+            try:
+                batch = self.ours(broker.socket, "-t", "batch", "-b", "5000", "-d", "1024", "-r", "1000000000",
+                                  "-c", "1", "-n", "3")["batch"]
+                read = self.ours(broker.socket, "-t", "range", "--range-limit", "0", "-r", "10000", "-d", "1024",
+                                 "-c", "1", "-n", "5", "--store", "read")["range"]
+                return {"batch": batch["p50"] / 1e6, "read": read["p50"] / 1e6}
+            finally:
+                broker.stop()
+
+        def theirs():
+            values = {}
+            for name, arguments in [("batch", ["batch", "5000", "1024", "NORMAL"]), ("read", ["read", "10000", "1024"])]:
+                database = self.work.path(f"direct-{name}.sqlite3")
+                for suffix in ["", "-wal", "-shm"]:
+                    if os.path.exists(database + suffix):
+                        os.unlink(database + suffix)
+                values[name] = float(run([os.path.join(self.bin, "sqlite-direct"), arguments[0], database] + arguments[1:]))
+            return values
+
+        self.pair("batch and read", ours, theirs, [
+            ("durable batch of 5,000 × 1 KB (sqlite NORMAL)", "batch", "s", "lower", "in-process SQLite"),
+            ("read 10,000 × 1 KB over the socket (sqlite)", "read", "s", "lower", "in-process SQLite read")])
+        read = next(row for row in self.rows if row["row"].startswith("read 10,000"))
+        self.add("read 10,000 × 1 KB over the socket (sqlite), against Bodega", read["ours_runs"],
+                 [BODEGA_READ_10K], "s", "lower", "Bodega's recorded 0.055 s (not run; target ≤ 0.2×)")
+
+    def fanout(self):
+        commits = self.n(5000, 2000)
+
+        def ours():
+            broker = Broker(self.work, self.bin, engine="sqlite")
+            try:
+                row = self.ours(broker.socket, "-t", "fanout", "--subscribers", "32", "--rate", "1000",
+                                "-n", str(commits), "-d", "200")["fanout"]
+                return {"p50": row["p50"], "p99": row["p99"]}
+            finally:
+                broker.stop()
+
+        self.pair("fan-out", ours, None, [
+            ("fan-out, 1 writer at 1,000 commits/s, 32 subscribers: insert-to-delivery p50", "p50", "µs", "lower", "—"),
+            ("fan-out, 1 writer at 1,000 commits/s, 32 subscribers: insert-to-delivery p99", "p99", "µs", "lower", "—")])
+
+        # D-Bus on against off: writer throughput, 50 clients -P 16 (memory engine).
+        bus_socket = self.work.path("bus")
+        bus = self.work.spawn(["dbus-daemon", "--session", "--nofork", "--address=unix:path=" + bus_socket], "bus.log")
+        wait_for_socket(bus_socket, bus, "dbus-daemon")
+        requests = str(self.n(100_000, 20_000))
+
+        def on():
+            broker = Broker(self.work, self.bin, engine="memory", dbus="unix:path=" + bus_socket)
+            try:
+                return {"rps": self.ours(broker.socket, "-t", "insert", "-c", "50", "-P", "16", "-d", "200",
+                                         "-r", "100000", "-n", requests)["insert"]["rps"]}
+            finally:
+                broker.stop()
+
+        def off():
+            broker = Broker(self.work, self.bin, engine="memory")
+            try:
+                return {"rps": self.ours(broker.socket, "-t", "insert", "-c", "50", "-P", "16", "-d", "200",
+                                         "-r", "100000", "-n", requests)["insert"]["rps"]}
+            finally:
+                broker.stop()
+
+        try:
+            self.pair("D-Bus", on, off, [("insert, 50 clients -P 16, D-Bus signals on: requests/s", "rps", "/s",
+                                          "higher", "D-Bus off")])
+        finally:
+            self.work.stop(bus)
+
+    def cold_start(self):
+        sizes = [100_000] if self.quick else [100_000, 1_000_000]
+        for count in sizes:
+            data = self.work.path(f"cold-{count}")
+            broker = Broker(self.work, self.bin, engine="sqlite", data=data)
+            try:
+                self.ours(broker.socket, "-t", "batch", "--sequential-ids", "-b", "1000", "-d", "200", "-c", "1",
+                          "-P", "4", "-n", str(count // 1000), "--store", "cold")
+            finally:
+                broker.stop()
+            times, rss = [], []
+            for _ in range(self.runs):
+                broker = Broker(self.work, self.bin, engine="sqlite", data=data, keep=True)
+                try:
+                    while True:
+                        result = subprocess.run([os.path.join(self.bin, "storectl"), "--socket", broker.socket,
+                                                 "count", "cold"], capture_output=True, text=True)
+                        if result.returncode == 0:
+                            break
+                        time.sleep(0.01)
+                    times.append(time.monotonic() - broker.started)
+                    if int(result.stdout) != count:
+                        raise RuntimeError(f"cold start: count {result.stdout.strip()}, not {count}")
+                    rss.append(broker.rss_bytes() / 2**20)
+                finally:
+                    broker.stop()
+            log(f"  cold start {count:,}: done")
+            payload_mib = count * 200 / 2**20
+            self.add(f"cold start, {count:,} × 200 B (sqlite): exec to count answered", times, [], "s", "lower", "—")
+            self.add(f"cold start, {count:,} × 200 B: resident memory then", rss, [payload_mib], "MiB", "lower",
+                     f"the payload, {payload_mib:.0f} MiB")
+
+    def all(self):
+        steps = [self.floor_and_shapes, self.batch, self.durable, self.library, self.four_writers,
+                 self.batch_and_read, self.fanout, self.cold_start]
+        try:
+            for step in steps:
+                log(f"{step.__name__} ...")
+                step()
+        finally:
+            self.work.close()
+
+
+def fmt(value, unit):
+    if value is None:
+        return "—"
+    if unit in ("/s",):
+        return f"{value:,.0f}"
+    if unit == "µs":
+        return f"{value:,.0f} µs"
+    if unit == "s":
+        return f"{value:.4f} s"
+    return f"{value:,.1f} {unit}"
+
+
+def spread(values, unit):
+    if len(values) < 2:
+        return ""
+    return f"{fmt(min(values), unit)}–{fmt(max(values), unit)}"
+
+
+def table(rows):
+    lines = ["| workload | storebroker | spread | counterpart | counterpart figure | ratio |",
+             "|---|---:|---|---|---:|---:|"]
+    for row in rows:
+        ratio = row.get("ratio")
+        ratio_text = "—" if ratio is None else f"{ratio:.2f}× ({'lower' if row['better'] == 'lower' else 'higher'} is better)"
+        lines.append(f"| {row['row']} | {fmt(row['ours'], row['unit'])} | {spread(row['ours_runs'], row['unit'])} | "
+                     f"{row['counterpart']} | {fmt(row.get('theirs'), row['unit'])} | {ratio_text} |")
+    return "\n".join(lines)
+
+
+def machine():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    redis = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
+    return f"{os.cpu_count()} cores, {cpu}, Linux {platform.release()}; {redis.split(' sha=')[0]}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--bin", required=True, help="the release build's bin directory")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="smaller runs, one each, docs untouched (< 3 min)")
+    args = parser.parse_args()
+    started = time.monotonic()
+    bench = Bench(args)
+    bench.all()
+    elapsed = time.monotonic() - started
+    command = "./scripts/bench-side-by-side.sh" + (" --quick" if args.quick else "")
+    date = datetime.date.today().isoformat()
+    text = table(bench.rows)
+    print(text)
+    print(f"\n{len(bench.rows)} rows, {bench.runs} run(s) each, {elapsed:.0f} s; {machine()}")
+    if args.quick:
+        return
+    section = (f"<!-- side-by-side:begin (generated by {command}; edit outside the markers) -->\n"
+               f"Machine: {machine()}. Command: `{command}`. Date: {date}. Each figure is the median of "
+               f"{bench.runs} runs alternating which side goes first; the spread is min–max over the runs.\n\n"
+               f"{text}\n<!-- side-by-side:end -->")
+    path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+    with open(path) as document:
+        content = document.read()
+    pattern = re.compile(r"<!-- side-by-side:begin.*?<!-- side-by-side:end -->", re.S)
+    content = pattern.sub(lambda _: section, content) if pattern.search(content) else content.rstrip() + "\n\n" + section + "\n"
+    with open(path, "w") as document:
+        document.write(content)
+    with open(os.path.join(ROOT, "docs", "benchmarks-side-by-side.json"), "w") as out:
+        json.dump({"date": date, "machine": machine(), "command": command, "runs": bench.runs, "rows": bench.rows},
+                  out, indent=1, ensure_ascii=False)
+        out.write("\n")
+    log(f"wrote docs/BENCHMARKS.md (the generated section) and docs/benchmarks-side-by-side.json")
+
+
+if __name__ == "__main__":
+    main()
