@@ -476,13 +476,18 @@ def spread(values, unit):
 
 
 def table(rows):
-    lines = ["| workload | storebroker | spread | counterpart | counterpart figure | ratio |",
-             "|---|---:|---|---|---:|---:|"]
+    lines = ["| workload | storebroker (spread) | counterpart | its figure (spread) | ratio |",
+             "|---|---:|---|---:|---:|"]
     for row in rows:
         ratio = row.get("ratio")
-        ratio_text = "—" if ratio is None else f"{ratio:.2f}× ({'lower' if row['better'] == 'lower' else 'higher'} is better)"
-        lines.append(f"| {row['row']} | {fmt(row['ours'], row['unit'])} | {spread(row['ours_runs'], row['unit'])} | "
-                     f"{row['counterpart']} | {fmt(row.get('theirs'), row['unit'])} | {ratio_text} |")
+        ratio_text = "—" if ratio is None else f"**{ratio:.2f}×** ({'lower' if row['better'] == 'lower' else 'higher'} is better)"
+        ours = fmt(row["ours"], row["unit"])
+        if spread(row["ours_runs"], row["unit"]):
+            ours += f" ({spread(row['ours_runs'], row['unit'])})"
+        theirs = fmt(row.get("theirs"), row["unit"])
+        if spread(row.get("theirs_runs", []), row["unit"]):
+            theirs += f" ({spread(row['theirs_runs'], row['unit'])})"
+        lines.append(f"| {row['row']} | {ours} | {row['counterpart']} | {theirs} | {ratio_text} |")
     return "\n".join(lines)
 
 
