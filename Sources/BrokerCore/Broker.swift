@@ -69,6 +69,8 @@ public final class Broker: Sendable {
     public let interceptors: [any RequestInterceptor]
     private let environment: StoreEnvironment
     private let stores = Mutex<[String: ManagedStore]>([:])
+    /// Set by `shutdown`.
+    private let stopping = Mutex(false)
     private let values: ValueSpace
     private let secureValues: ValueSpace
 
@@ -103,7 +105,7 @@ public final class Broker: Sendable {
     private func store(_ name: String) -> ManagedStore {
         stores.withLock { stores in
             if let store = stores[name] { return store }
-            let store = ManagedStore(name: name, environment: environment)
+            let store = ManagedStore(name: name, environment: environment, stopping: stopping.withLock { $0 })
             stores[name] = store
             return store
         }
@@ -139,7 +141,7 @@ public final class Broker: Sendable {
         case .ping: reply(.success(.pong(.init())))
         case .listEngines: reply(.success(.engineList(.init(elements: environment.engines.engineList()))))
         case .listStores:
-            Task {
+            environment.tasks.spawn {
                 do throws(WireError) {
                     let visible = try await self.storeInfos().filter { context.grant.allows($0.name, write: false) }
                     reply(.success(.storeList(.init(elements: visible))))
@@ -214,14 +216,19 @@ public final class Broker: Sendable {
         }
     }
 
-    /// Refuses new writes, finishes the queued ones and closes every engine store.
+    /// Refuses new writes, finishes the queued ones and closes every engine store; returns once every task the
+    /// broker started (loads in flight included, whose engine stores are then closed) has ended.
     public func shutdown() async {
-        let all = stores.withLock { Array($0.values) }
+        let all = stores.withLock { stores in
+            stopping.withLock { $0 = true }  // stores made from now on start stopped
+            return Array(stores.values)
+        }
         await withTaskGroup(of: Void.self) { group in
             for store in all { group.addTask { await store.shutdown() } }
             group.addTask { await self.values.shutdown() }
             group.addTask { await self.secureValues.shutdown() }
         }
+        await environment.tasks.waitForAll()
     }
 }
 

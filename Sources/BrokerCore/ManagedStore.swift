@@ -25,6 +25,8 @@ struct StoreEnvironment: Sendable {
     let configuration: BrokerConfiguration
     let logger: Logger
     var observers: [any CommitObserver] = []
+    /// Every task the broker's stores and namespaces start; shutdown waits for them all.
+    var tasks = TaskTracker()
 }
 
 /// One store: its committed items in memory, its writer, its history and its subscribers.
@@ -68,10 +70,13 @@ final class ManagedStore: Sendable {
         var info: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
     }
 
-    init(name: String, environment: StoreEnvironment) {
+    /// `stopping`: created during shutdown (a request that arrived late): it refuses writes from the start.
+    init(name: String, environment: StoreEnvironment, stopping: Bool = false) {
         self.name = name
         self.environment = environment
-        self.state = Mutex(State())
+        var state = State()
+        state.stopping = stopping
+        self.state = Mutex(state)
     }
 
     private var logger: Logger {
@@ -100,7 +105,7 @@ final class ManagedStore: Sendable {
         switch action {
         case .run: body(nil)
         case .wait: break
-        case .load: Task { await self.load() }
+        case .load: environment.tasks.spawn { await self.load() }
         }
     }
 
@@ -126,7 +131,7 @@ final class ManagedStore: Sendable {
                     "store loaded",
                     metadata: ["engine": "\(loaded.engine.name)", "items": "\(contents.count)", "sequence": "\(sequence)"])
             }
-            let waiting = state.withLock { state in
+            let (waiting, late) = state.withLock { state in
                 state.contents = contents
                 state.sequence = sequence
                 // A store whose directory exists but that never committed (a crash between the two) does not
@@ -134,11 +139,14 @@ final class ManagedStore: Sendable {
                 state.epoch = sequence > 0 ? (loaded?.manifest.epoch ?? 0) : 0
                 state.manifest = loaded?.manifest
                 state.engine = loaded?.engine
-                state.engineStore = loaded?.store
+                // Loaded after shutdown began: readers are answered, but the engine store is closed now (shutdown
+                // already closed the others and waits for this task).
+                state.engineStore = state.stopping ? nil : loaded?.store
                 state.phase = .ready
                 defer { state.waiting = [] }
-                return state.waiting
+                return (state.waiting, state.stopping ? loaded?.store : nil)
             }
+            if let late { await late.close() }
             for body in waiting { body(nil) }
             startWriterIfNeeded()
         } catch {
@@ -320,7 +328,7 @@ final class ManagedStore: Sendable {
             state.writing = true
             return true
         }
-        if start { Task { await self.runWriter() } }
+        if start { environment.tasks.spawn { await self.runWriter() } }
     }
 
     private enum Batch {

@@ -89,7 +89,7 @@ final class ValueSpace: Sendable {
             return (false, !state.loading)
         }
         if run { body(nil) }
-        if load { Task { await self.load() } }
+        if load { environment.tasks.spawn { await self.load() } }
     }
 
     private func load() async {
@@ -100,18 +100,20 @@ final class ValueSpace: Sendable {
                 let name = String(decoding: record.key, as: UTF8.self)
                 values[name] = try decode(record.payload, name: name)
             }
-            let waiting = state.withLock { state in
+            let (waiting, late) = state.withLock { state in
                 state.values = values
                 state.commits = loaded?.store.openedSequence ?? 0
                 state.epoch = state.commits > 0 ? (loaded?.manifest.epoch ?? 0) : 0
                 state.manifest = loaded?.manifest
                 state.engine = loaded?.engine
-                state.engineStore = loaded?.store
+                // Loaded after shutdown began: answered, but the engine store is closed now.
+                state.engineStore = state.stopping ? nil : loaded?.store
                 state.loaded = true
                 state.loading = false
                 defer { state.waiting = [] }
-                return state.waiting
+                return (state.waiting, state.stopping ? loaded?.store : nil)
             }
+            if let late { await late.close() }
             for body in waiting { body(nil) }
             startWriterIfNeeded()
         } catch {
@@ -222,7 +224,7 @@ final class ValueSpace: Sendable {
             state.writing = true
             return true
         }
-        if start { Task { await self.runWriter() } }
+        if start { environment.tasks.spawn { await self.runWriter() } }
     }
 
     private func runWriter() async {

@@ -73,3 +73,41 @@ extension Mutex where Value: WriterState {
         await store?.close()
     }
 }
+
+/// The tasks a broker starts (store and namespace loads, writers, listings): counted from before they start
+/// until they end, so that shutdown can wait for every one. None outlives `Broker.shutdown()`.
+final class TaskTracker: Sendable {
+    private struct State {
+        var running = 0
+        var idleWaiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    private let state = Mutex(State())
+
+    /// Runs `body` in a new task, counted until it returns.
+    func spawn(_ body: @escaping @Sendable () async -> Void) {
+        state.withLock { $0.running += 1 }
+        Task {
+            await body()
+            let waiters = self.state.withLock { state in
+                state.running -= 1
+                guard state.running == 0 else { return [CheckedContinuation<Void, Never>]() }
+                defer { state.idleWaiters = [] }
+                return state.idleWaiters
+            }
+            for waiter in waiters { waiter.resume() }
+        }
+    }
+
+    /// Returns once no task is running (tasks they start are waited for too).
+    func waitForAll() async {
+        await withCheckedContinuation { continuation in
+            let idle = state.withLock { state in
+                guard state.running > 0 else { return true }
+                state.idleWaiters.append(continuation)
+                return false
+            }
+            if idle { continuation.resume() }
+        }
+    }
+}

@@ -203,3 +203,35 @@ private final class Answers: @unchecked Sendable {
         throw WireError(.internalError, "only \(lock.withLock { results.count }) answers")
     }
 }
+
+@Suite struct Shutdown {
+    /// A store load in flight when shutdown begins is finished and its engine store closed before `shutdown`
+    /// returns (the daemon then releases the data-directory lock): no task outlives shutdown. Before: shutdown
+    /// returned at once and the late load left its engine store open for good.
+    @Test func aLoadInFlightIsClosedBeforeShutdownReturns() async throws {
+        try await withTemporaryDirectory(prefix: "sb-core") { directory in
+            let engine = TestEngine()
+            let configuration = BrokerConfiguration(dataDirectory: directory, defaultEngine: "test")
+            let logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+            let first = try Broker(configuration: configuration, engines: engine, logger: logger)
+            #expect(sequence(of: await ask(first, .insert(.init(store: "s", items: [item("a")])))) == 1)
+            await first.shutdown()
+
+            let broker = try Broker(configuration: configuration, engines: engine, logger: logger)
+            let opensBefore = engine.state.withLock { $0.opensStarted }
+            let closesBefore = engine.state.withLock { $0.closes }
+            engine.holdOpens()
+            let answer = Task { await ask(broker, .count(.init(store: "s"))) }
+            for _ in 0..<2000 where engine.state.withLock({ $0.opensStarted }) == opensBefore {
+                try await Task.sleep(for: .milliseconds(5))
+            }
+            #expect(engine.state.withLock { $0.opensStarted } == opensBefore + 1, "the load never started")
+            let shutdown = Task { await broker.shutdown() }
+            try await Task.sleep(for: .milliseconds(50))  // let shutdown begin while the open is held
+            engine.releaseOpens()
+            await shutdown.value
+            #expect(engine.state.withLock { $0.closes } == closesBefore + 1, "the late load's engine store was left open")
+            _ = await answer.value
+        }
+    }
+}

@@ -18,6 +18,11 @@ final class TestEngine: StorageEngine, EngineProvider {
         var holding = false
         var held: [CheckedContinuation<Void, Never>] = []
         var failNext = false
+        /// Opens wait for `releaseOpens()` while set.
+        var holdingOpens = false
+        var heldOpens: [CheckedContinuation<Void, Never>] = []
+        var opensStarted = 0
+        var closes = 0
     }
 
     func engine(named name: String) throws(WireError) -> any StorageEngine {
@@ -28,7 +33,21 @@ final class TestEngine: StorageEngine, EngineProvider {
     func engineList() -> [EngineInfo] { [] }
 
     func open(directory: String, store: String, options: [String: String]) async throws(EngineFailure) -> any EngineStore {
-        state.withLock { state in
+        let mustWait = state.withLock { state in
+            state.opensStarted += 1
+            return state.holdingOpens
+        }
+        if mustWait {
+            await withCheckedContinuation { continuation in
+                let resumeNow = state.withLock { state -> Bool in
+                    guard state.holdingOpens else { return true }
+                    state.heldOpens.append(continuation)
+                    return false
+                }
+                if resumeNow { continuation.resume() }
+            }
+        }
+        return state.withLock { state in
             if let open = state.stores[directory] { return open }
             let created = TestEngineStore(engine: self)
             state.stores[directory] = created
@@ -38,6 +57,18 @@ final class TestEngine: StorageEngine, EngineProvider {
 
     func drop(directory: String, store: String, options: [String: String]) async throws(EngineFailure) {
         _ = state.withLock { $0.stores.removeValue(forKey: directory) }
+    }
+
+    /// From now on opens wait for `releaseOpens()`.
+    func holdOpens() { state.withLock { $0.holdingOpens = true } }
+
+    func releaseOpens() {
+        let held = state.withLock { state in
+            state.holdingOpens = false
+            defer { state.heldOpens = [] }
+            return state.heldOpens
+        }
+        for continuation in held { continuation.resume() }
     }
 
     /// From now on applies wait for `release()`.
@@ -115,5 +146,5 @@ final class TestEngineStore: EngineStore {
     func count() async throws(EngineFailure) -> UInt64 { UInt64(records.withLock { $0.count }) }
     func allKeys() async throws(EngineFailure) -> [[UInt8]] { records.withLock { $0.map(\.key) } }
     func contains(_ key: [UInt8]) async throws(EngineFailure) -> Bool { records.withLock { $0.contains { $0.key == key } } }
-    func close() async {}
+    func close() async { engine.state.withLock { $0.closes += 1 } }
 }
