@@ -8,6 +8,8 @@ import EngineLoader
 import Logging
 import NIOCore
 import NIOPosix
+import ServiceLifecycle
+import UnixSignals
 import Synchronization
 import Wire
 
@@ -173,12 +175,20 @@ public final class BrokerDaemon: Sendable {
     private let lock: DataDirectoryLock
     private let publisher: DBusPublisher?
     private let socketInode: ino_t?
+    /// The daemon's services, shut down in reverse order: accepting, the broker, D-Bus, the connections.
+    private let group: ServiceGroup
+    /// `group.run()`, awaited by `shutdown` (and by `run`): nothing the daemon starts outlives it.
+    private let running: Mutex<Task<Void, Never>?> = Mutex(nil)
     private let stopped = Mutex<Bool>(false)
 
     private init(
         configuration: ServerConfiguration, broker: Broker, logger: Logger, serverChannel: any Channel,
-        registry: ConnectionRegistry, lock: DataDirectoryLock, publisher: DBusPublisher?, socketInode: ino_t?
+        registry: ConnectionRegistry, lock: DataDirectoryLock, publisher: DBusPublisher?, socketInode: ino_t?,
+        signals: [UnixSignal]
     ) {
+        self.group = Self.services(
+            configuration: configuration, broker: broker, logger: logger, serverChannel: serverChannel,
+            registry: registry, publisher: publisher, signals: signals)
         self.publisher = publisher
         self.configuration = configuration
         self.broker = broker
@@ -193,6 +203,14 @@ public final class BrokerDaemon: Sendable {
     /// path appears only once the daemon accepts connections.
     public static func start(configuration: ServerConfiguration, logger: Logger) async throws(DaemonError) -> BrokerDaemon
     {
+        try await start(configuration: configuration, logger: logger, signals: [])
+    }
+
+    /// `signals`: the signals that begin a graceful shutdown (storebrokerd: SIGTERM and SIGINT; in-process
+    /// brokers: none, they install no handlers).
+    static func start(
+        configuration: ServerConfiguration, logger: Logger, signals: [UnixSignal]
+    ) async throws(DaemonError) -> BrokerDaemon {
         let largest = WireProtocol.largestItem(maxFrameLength: configuration.maxFrameLength)
         guard configuration.broker.maxItemLength <= largest else {
             throw DaemonError(
@@ -291,12 +309,14 @@ public final class BrokerDaemon: Sendable {
             ]
             if shared { ready["allow"] = "\(configuration.allowRules.map(\.description).joined(separator: ","))" }
             if publisher == nil { ready["dbus"] = "off" }
-            logger.info("storebrokerd ready", metadata: ready)
-            publisher?.start()
-            return BrokerDaemon(
+            let daemon = BrokerDaemon(
                 configuration: configuration, broker: broker, logger: logger, serverChannel: serverChannel,
                 registry: registry, lock: lock!, publisher: publisher,
-                socketInode: configuration.inheritedSocket == nil ? DaemonPaths.inode(of: socketPath) : nil)
+                socketInode: configuration.inheritedSocket == nil ? DaemonPaths.inode(of: socketPath) : nil,
+                signals: signals)
+            daemon.running.withLock { $0 = Task { await daemon.runServices() } }
+            logger.info("storebrokerd ready", metadata: ready)
+            return daemon
         } catch {
             // Nothing is left behind (docs/DAEMON.md).
             litter.remove()
@@ -400,19 +420,61 @@ public final class BrokerDaemon: Sendable {
         return future.map { Optional($0) }.recover { _ in nil }
     }
 
+    /// The services, in start order; the group shuts them down in reverse: stop accepting, then the broker
+    /// (queued writes finished and answered, engines closed), then D-Bus, then `goodbye` to every connection
+    /// (closed after `--shutdown-timeout` at the latest). The whole graceful shutdown is bounded by
+    /// `--shutdown-timeout` plus 5 s; past it the group cancels what is left.
+    private static func services(
+        configuration: ServerConfiguration, broker: Broker, logger: Logger, serverChannel: any Channel,
+        registry: ConnectionRegistry, publisher: DBusPublisher?, signals: [UnixSignal]
+    ) -> ServiceGroup {
+        var services: [any Service] = []
+        if !signals.isEmpty { services.append(SignalLog(signals: signals, logger: logger)) }
+        services += [
+            DaemonStep("connections") {
+                await registry.closeAll(message: "storebrokerd is shutting down", timeout: configuration.shutdownTimeout)
+            }
+        ]
+        if let publisher {
+            services.append(DaemonStep("dbus", start: { publisher.start() }) { await publisher.stop() })
+        }
+        services.append(DaemonStep("broker") { await broker.shutdown() })
+        services.append(
+            DaemonStep("listener") {
+                logger.info("shutting down")
+                try? await serverChannel.close()
+            })
+        var group = ServiceGroupConfiguration(
+            services: services.map { ServiceGroupConfiguration.ServiceConfiguration(service: $0) },
+            gracefulShutdownSignals: signals, cancellationSignals: [], logger: logger)
+        group.maximumGracefulShutdownDuration = configuration.shutdownTimeout + .seconds(5)
+        return ServiceGroup(configuration: group)
+    }
+
+    private func runServices() async {
+        do {
+            try await group.run()
+        } catch {
+            logger.error("the daemon's services stopped with an error: \(error)")
+        }
+    }
+
     /// Stops: no new connections, queued writes finished and answered, `goodbye` to every client, engines
-    /// closed, the socket removed (if it is still ours). Safe to call more than once.
+    /// closed, the socket removed (if it is still ours), the data directory unlocked. Safe to call more than
+    /// once; returns when all of it is done.
     public func shutdown() async {
+        await group.triggerGracefulShutdown()
+        await finish()
+    }
+
+    /// Waits for the services to end, then removes the socket and releases the lock (once).
+    private func finish() async {
+        await running.withLock { $0 }?.value
         let first = stopped.withLock { stopped in
             defer { stopped = true }
             return !stopped
         }
         guard first else { return }
-        logger.info("shutting down")
-        try? await serverChannel.close()
-        await broker.shutdown()
-        await publisher?.stop()
-        await registry.closeAll(message: "storebrokerd is shutting down", timeout: configuration.shutdownTimeout)
         if let socketInode, DaemonPaths.inode(of: configuration.socketPath) == socketInode {
             unlink(configuration.socketPath)
         }
@@ -420,30 +482,48 @@ public final class BrokerDaemon: Sendable {
         logger.info("stopped")
     }
 
-    /// Runs until SIGTERM or SIGINT, then shuts down. The signal mask is reset first: a parent may have
-    /// left SIGTERM blocked (../PITFALLS.md), and the daemon must always hear it.
+    /// Runs until SIGTERM or SIGINT (through the service group), then shuts down. The signal mask is reset
+    /// first: a parent may have left SIGTERM blocked (../PITFALLS.md), and the daemon must always hear it.
     public static func run(configuration: ServerConfiguration, logger: Logger) async throws(DaemonError) {
         var empty = sigset_t()
         sigemptyset(&empty)
         pthread_sigmask(SIG_SETMASK, &empty, nil)
-        signal(SIGTERM, SIG_IGN)
-        signal(SIGINT, SIG_IGN)
         signal(SIGPIPE, SIG_IGN)
         raiseDescriptorLimit(logger: logger)
+        let daemon = try await start(configuration: configuration, logger: logger, signals: [.sigterm, .sigint])
+        await daemon.finish()
+    }
+}
 
-        let daemon = try await start(configuration: configuration, logger: logger)
-        let (signals, continuation) = AsyncStream.makeStream(of: Int32.self)
-        let sources = [SIGTERM, SIGINT].map { number in
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler { continuation.yield(number) }
-            source.resume()
-            return source
+/// One part of the daemon as a service: `start` when the group runs, then it waits for the graceful shutdown
+/// and does `stop` (or does it at once if the group is cancelled).
+struct DaemonStep: Service, CustomStringConvertible {
+    let description: String
+    private let start: @Sendable () -> Void
+    private let stop: @Sendable () async -> Void
+
+    init(_ name: String, start: @escaping @Sendable () -> Void = {}, stop: @escaping @Sendable () async -> Void) {
+        self.description = name
+        self.start = start
+        self.stop = stop
+    }
+
+    func run() async throws {
+        start()
+        try? await gracefulShutdown()
+        await stop()
+    }
+}
+
+/// Says which signal began the shutdown (the group acts on it; this only logs it). First in the group, so it is
+/// shut down last and sees the signal.
+struct SignalLog: Service {
+    let signals: [UnixSignal]
+    let logger: Logger
+
+    func run() async throws {
+        for await signal in await UnixSignalsSequence(trapping: signals).cancelOnGracefulShutdown() {
+            logger.info("received \(signal)")
         }
-        for await number in signals {
-            logger.info("received \(number == SIGTERM ? "SIGTERM" : "SIGINT")")
-            break
-        }
-        for source in sources { source.cancel() }
-        await daemon.shutdown()
     }
 }
