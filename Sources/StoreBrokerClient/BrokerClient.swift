@@ -92,10 +92,11 @@ struct SubscriptionFollower: Sendable {
         while !Task.isCancelled {
             do {
                 let connection = try await client.connection()
-                let subscription = try await connection.subscribe(namespace, name: name, from: resumePoint())
-                backoff = .milliseconds(20)
-                for try await push in subscription.pushes { try await handle(push) }
-                // The stream ends without an error only after `lagged`: subscribe again from where we are.
+                for try await push in connection.follow(namespace, name: name, from: resumePoint()) {
+                    backoff = .milliseconds(20)
+                    try await handle(push)
+                }
+                // It ends without an error only if the subscription did: subscribe again from where we are.
             } catch let error as StoreBrokerError where error.isUnavailable {
                 try? await Task.sleep(for: backoff)
                 backoff = min(backoff * 2, .seconds(1))

@@ -118,6 +118,39 @@ public final class BrokerConnection: Sendable {
         }
     }
 
+    /// Follows a store or value on this connection for as long as the stream is read: every push in order
+    /// (`lagged` included, as a notice), and after `lagged` a new subscription resumes from the point it names,
+    /// so the caller sees one gap-free stream. It throws when the connection closes; it never reconnects
+    /// (`BrokerClient`'s followers do).
+    public func follow(
+        _ namespace: Namespace = .store, name: String, from start: SubscriptionStart = .snapshot
+    ) -> AsyncThrowingStream<ServerMessage, any Error> {
+        AsyncThrowingStream { continuation in
+            let task = Task {
+                var start = start
+                do {
+                    while !Task.isCancelled {
+                        let subscription = try await self.subscribe(namespace, name: name, from: start)
+                        var resume: SubscriptionStart?
+                        for try await push in subscription.pushes {
+                            continuation.yield(push)
+                            if case .lagged(let notice) = push {
+                                resume = .resume(epoch: notice.epoch, sequence: notice.sequence)
+                            }
+                        }
+                        // A subscription's stream ends without an error only after `lagged`.
+                        guard let resume else { break }
+                        start = resume
+                    }
+                    continuation.finish()
+                } catch {
+                    continuation.finish(throwing: error)
+                }
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
     /// Ends a subscription; its stream finishes.
     public func unsubscribe(_ subscription: BrokerSubscription) async throws(StoreBrokerError) {
         _ = try await send(.unsubscribe(.init(subscriptionID: subscription.id)))

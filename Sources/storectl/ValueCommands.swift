@@ -181,31 +181,28 @@ struct ValueWatch<Kind: ValueKind>: AsyncParsableCommand {
                 case .setWithheld: "\"set\":true"
                 }
             }
-            while true {
-                let subscription = try await connection.subscribe(Kind.namespace, name: name, from: start)
-                for try await push in subscription.pushes {
-                    switch push {
-                    case .valueLoaded(let loaded):
-                        Output.line(
-                            "{\"op\":\"loaded\",\(label),\"epoch\":\(loaded.epoch),\"sequence\":\(loaded.sequence),\(shown(loaded.state))}")
-                    case .valueEvent(let event):
-                        switch event.state {
-                        case .unset: Output.line("{\"op\":\"reset\",\(label),\"sequence\":\(event.sequence)}")
-                        case .set: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence),\(shown(event.state))}")
-                        case .setWithheld: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence)}")
-                        }
-                    case .historyGone(let notice):
-                        Output.line("{\"op\":\"history-gone\",\(label),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
-                    case .lagged(let notice):
-                        // A value's only history is its latest state: resume from the last one printed (the
-                        // broker answers "history gone" and the current state if it moved on).
-                        Output.line("{\"op\":\"lagged\",\(label),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
-                        start = .resume(epoch: notice.epoch, sequence: notice.sequence)
-                    default: break
+            for try await push in connection.follow(Kind.namespace, name: name, from: start) {
+                switch push {
+                case .valueLoaded(let loaded):
+                    Output.line(
+                        "{\"op\":\"loaded\",\(label),\"epoch\":\(loaded.epoch),\"sequence\":\(loaded.sequence),\(shown(loaded.state))}")
+                case .valueEvent(let event):
+                    switch event.state {
+                    case .unset: Output.line("{\"op\":\"reset\",\(label),\"sequence\":\(event.sequence)}")
+                    case .set: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence),\(shown(event.state))}")
+                    case .setWithheld: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence)}")
                     }
+                case .historyGone(let notice):
+                    Output.line("{\"op\":\"history-gone\",\(label),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
+                case .lagged(let notice):
+                    // The library resumes from the last state printed (a value's only history is its latest
+                    // state: the broker answers "history gone" and the current state if it moved on).
+                    Output.line("{\"op\":\"lagged\",\(label),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
+                default: break
                 }
-                // The stream ends without an error only after `lagged`: subscribe again from there.
             }
+            // It ends without an error only if the broker ended the subscription.
+            throw Failure(Failure.unavailable, "the subscription ended")
         }
     }
 }

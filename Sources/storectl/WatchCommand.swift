@@ -49,59 +49,52 @@ struct Watch: AsyncParsableCommand {
             if case .snapshot = start, let timeout = global.requestTimeout {
                 watchdog.arm(after: timeout) { await connection.close() }
             }
-            while true {
-                let subscription = try await connection.subscribe(name: store, from: start)
-                var lagged: (UInt64, UInt64)?
-                do {
-                    for try await push in subscription.pushes {
-                        switch push {
-                        case .storeLoaded(let loaded):
-                            watchdog.disarm()
-                            Output.line(
-                                "{\"op\":\"loaded\",\"store\":\(name),\"epoch\":\(loaded.epoch),"
-                                    + "\"sequence\":\(loaded.sequence),\"count\":\(loaded.count)}")
-                        case .storeEvent(let event):
-                            for step in event.elements {
-                                switch step {
-                                case .insert(let records):
-                                    Output.line(
-                                        "{\"op\":\"insert\",\"store\":\(name),\"sequence\":\(event.sequence),"
-                                            + "\"ids\":\(JSON.array(records.map { JSON.string($0.id.string) })),"
-                                            + "\"items\":\(JSON.array(records.map { JSON.embed($0.payload.bytes) }))}")
-                                case .remove(let ids):
-                                    Output.line(
-                                        "{\"op\":\"remove\",\"store\":\(name),\"sequence\":\(event.sequence),"
-                                            + "\"ids\":\(JSON.array(ids.map { JSON.string($0.string) }))}")
-                                }
+            do {
+                for try await push in connection.follow(name: store, from: start) {
+                    switch push {
+                    case .storeLoaded(let loaded):
+                        watchdog.disarm()
+                        Output.line(
+                            "{\"op\":\"loaded\",\"store\":\(name),\"epoch\":\(loaded.epoch),"
+                                + "\"sequence\":\(loaded.sequence),\"count\":\(loaded.count)}")
+                    case .storeEvent(let event):
+                        for step in event.elements {
+                            switch step {
+                            case .insert(let records):
+                                Output.line(
+                                    "{\"op\":\"insert\",\"store\":\(name),\"sequence\":\(event.sequence),"
+                                        + "\"ids\":\(JSON.array(records.map { JSON.string($0.id.string) })),"
+                                        + "\"items\":\(JSON.array(records.map { JSON.embed($0.payload.bytes) }))}")
+                            case .remove(let ids):
+                                Output.line(
+                                    "{\"op\":\"remove\",\"store\":\(name),\"sequence\":\(event.sequence),"
+                                        + "\"ids\":\(JSON.array(ids.map { JSON.string($0.string) }))}")
                             }
-                        case .lagged(let notice):
-                            Output.line(
-                                "{\"op\":\"lagged\",\"store\":\(name),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
-                            lagged = (notice.epoch, notice.sequence)
-                        case .historyGone(let notice):
-                            Output.line(
-                                "{\"op\":\"history-gone\",\"store\":\(name),\"epoch\":\(notice.epoch),"
-                                    + "\"sequence\":\(notice.sequence)}")
-                        case .dropped(let notice):
-                            Output.line(
-                                "{\"op\":\"dropped\",\"store\":\(name),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
-                        default:
-                            break
                         }
+                    case .lagged(let notice):
+                        // The library resumes from here on its own: the stream goes on without a gap.
+                        Output.line(
+                            "{\"op\":\"lagged\",\"store\":\(name),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
+                    case .historyGone(let notice):
+                        Output.line(
+                            "{\"op\":\"history-gone\",\"store\":\(name),\"epoch\":\(notice.epoch),"
+                                + "\"sequence\":\(notice.sequence)}")
+                    case .dropped(let notice):
+                        Output.line(
+                            "{\"op\":\"dropped\",\"store\":\(name),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")
+                    default:
+                        break
                     }
-                } catch let error as StoreBrokerError {
-                    if watchdog.fired {
-                        throw Failure(
-                            Failure.unavailable, "the broker did not send \(store)'s snapshot within \(global.timeout) s")
-                    }
-                    throw error
                 }
-                // The stream ends only after `lagged`: resume from the last sequence printed.
-                guard let (epoch, sequence) = lagged else {
-                    throw Failure(Failure.unavailable, "the subscription ended")
+            } catch let error as StoreBrokerError {
+                if watchdog.fired {
+                    throw Failure(
+                        Failure.unavailable, "the broker did not send \(store)'s snapshot within \(global.timeout) s")
                 }
-                start = .resume(epoch: epoch, sequence: sequence)
+                throw error
             }
+            // It ends without an error only if the broker ended the subscription.
+            throw Failure(Failure.unavailable, "the subscription ended")
         }
     }
 }
