@@ -1,10 +1,16 @@
 import Foundation
+import NIOCore
+import Wire
 
 /// A listener on a Unix socket that plays a broken broker, for the client's side of liveness: it accepts
 /// every connection and then either closes it at once or holds it without ever answering. Its accept loop runs
 /// on its own thread (blocking calls never on the cooperative pool) until `stop()`.
 final class FakeBroker: @unchecked Sendable {
-    enum Behaviour { case closeAtOnce, neverAnswer }
+    enum Behaviour {
+        case closeAtOnce, neverAnswer
+        /// Runs the script on each connection (on the accept thread), then closes it.
+        case script(@Sendable (ScriptedPeer) throws -> Void)
+    }
 
     let socketPath: String
     private let listener: Int32
@@ -44,6 +50,9 @@ final class FakeBroker: @unchecked Sendable {
             switch behaviour {
             case .closeAtOnce: close(connection)
             case .neverAnswer: lock.withLock { held.append(connection) }
+            case .script(let script):
+                try? script(ScriptedPeer(fd: connection))
+                close(connection)
             }
         }
         finished.signal()
@@ -66,4 +75,52 @@ final class FakeBroker: @unchecked Sendable {
     }
 
     deinit { stop() }
+}
+
+/// The broker's side of one connection, for scripts: the handshake is answered by `ServerSession`; the script
+/// reads requests and sends what it likes. Reads time out after 10 s (a script never hangs a test).
+final class ScriptedPeer {
+    let fd: Int32
+    private var session = ServerSession()
+    private var input = ByteBuffer()
+
+    init(fd: Int32) {
+        self.fd = fd
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    /// The next request (the handshake answered on the way), or nil at end of stream.
+    func nextRequest() throws -> (id: UInt32, message: ClientMessage)? {
+        while true {
+            while let action = session.next(from: &input) {
+                switch action {
+                case .reply(let bytes), .refuse(let bytes): write(bytes)
+                case .close(let bytes):
+                    write(bytes)
+                    return nil
+                case .request(let id, let message): return (id, message)
+                }
+            }
+            var chunk = [UInt8](repeating: 0, count: 65536)
+            let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if count <= 0 { return nil }
+            input.writeBytes(chunk[..<count])
+        }
+    }
+
+    func send(_ message: ServerMessage, id: UInt32) throws {
+        var out = ByteBuffer()
+        try message.encode(id: id, maxFrameLength: WireProtocol.defaultMaxFrameLength, into: &out)
+        write(out)
+    }
+
+    private func write(_ bytes: ByteBuffer) {
+        var rest = Array(bytes.readableBytesView)[...]
+        while !rest.isEmpty {
+            let written = rest.withUnsafeBytes { Foundation.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if written <= 0 { return }
+            rest = rest.dropFirst(written)
+        }
+    }
 }
