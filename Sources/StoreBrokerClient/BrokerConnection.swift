@@ -360,7 +360,12 @@ final class ClientHandler: ChannelInboundHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        fail(StoreBrokerError(.connectionClosed, "connection error: \(error)"))
+        if let error = error as? IOError, error.errnoCode == ECONNRESET || error.errnoCode == EPIPE {
+            // A broker that closes while our bytes are unread resets the connection: it is still a close.
+            fail(StoreBrokerError(.connectionClosed, "the broker closed the connection (reset)"))
+        } else {
+            fail(StoreBrokerError(.connectionClosed, "connection error: \(error)"))
+        }
         context.close(promise: nil)
     }
 }
