@@ -156,6 +156,14 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),
+        // The connection handler on an EmbeddedChannel (no socket, virtual time).
+        .testTarget(
+            name: "BrokerServerTests",
+            dependencies: [
+                "BrokerServer", "BrokerCore", "Wire", "TestSupport", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         // The real storebrokerd and storectl binaries on temporary sockets and data directories.
         .testTarget(
             name: "IntegrationTests",

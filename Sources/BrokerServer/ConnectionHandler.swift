@@ -319,7 +319,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             return
         }
         if partialFrame?.index != framesSeen {
-            partialFrame = (framesSeen, .now())
+            partialFrame = (framesSeen, context.eventLoop.now)  // the loop's clock (virtual in tests)
         }
         guard frameTimer == nil, let started = partialFrame?.since else { return }
         let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
@@ -327,7 +327,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             let handler = loop.value
             handler.frameTimer = nil
             guard let context = handler.context, let partial = handler.partialFrame else { return }
-            if partial.index == handler.framesSeen, partial.since + .init(handler.timeouts.frame) <= .now() {
+            if partial.index == handler.framesSeen, partial.since + .init(handler.timeouts.frame) <= context.eventLoop.now {
                 handler.timedOut("a frame was left incomplete for \(handler.timeouts.frame)")
             } else {
                 handler.watchPartialFrame(context)  // another frame since: its own deadline
