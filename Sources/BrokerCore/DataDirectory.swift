@@ -161,7 +161,7 @@ struct Manifest: Hashable, Sendable {
 }
 
 /// Small POSIX file helpers; every failure becomes an `engineError` naming the path and errno.
-enum FileOps {
+public enum FileOps {
     static func failure(_ what: String, _ path: String, _ code: Int32 = errno) -> WireError {
         WireError(
             code == ENOSPC || code == EDQUOT ? .storageFull : .engineError,
@@ -177,7 +177,8 @@ enum FileOps {
         if mkdir(path, 0o700) != 0, errno != EEXIST { throw failure("cannot create directory", path) }
     }
 
-    static func list(_ path: String) throws(WireError) -> [String] {
+    /// The names in a directory, "." and ".." left out.
+    public static func list(_ path: String) throws(WireError) -> [String] {
         guard let dir = opendir(path) else { throw failure("cannot list", path) }
         defer { closedir(dir) }
         var names: [String] = []

@@ -74,13 +74,8 @@ struct EnginePlace: Sendable {
         if let manifest = try? environment.directory.manifest(place),
             let engine = try? environment.engines.engine(named: manifest.engine)
         {
-            let directory = place.engineDirectory
-            let storeName = storeName
-            let options = options(engine)
             do throws(WireError) {
-                try await Self.engineCall { () throws(EngineFailure) in
-                    try await engine.drop(directory: directory, store: storeName, options: options)
-                }
+                return try await drop(engine: engine)
             } catch {
                 environment.logger.warning("engine \(engine.name) could not drop \(describe): \(error.message); removing its directory")
             }

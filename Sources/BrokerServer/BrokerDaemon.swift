@@ -50,7 +50,7 @@ final class RefusingHandler: ChannelInboundHandler {
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         // The client read the refusal and closed its side: nothing is left to say either way.
-        if event is ChannelEvent, case .inputClosed = event as! ChannelEvent { context.close(promise: nil) }
+        if case .inputClosed = event as? ChannelEvent { context.close(promise: nil) }
     }
 }
 
@@ -170,10 +170,7 @@ public final class BrokerDaemon: Sendable {
     public let configuration: ServerConfiguration
     public let broker: Broker
     private let logger: Logger
-    private let serverChannel: any Channel
-    private let registry: ConnectionRegistry
     private let lock: DataDirectoryLock
-    private let publisher: DBusPublisher?
     private let socketInode: ino_t?
     /// The daemon's services, shut down in reverse order: accepting, the broker, D-Bus, the connections.
     private let group: ServiceGroup
@@ -189,12 +186,9 @@ public final class BrokerDaemon: Sendable {
         self.group = Self.services(
             configuration: configuration, broker: broker, logger: logger, serverChannel: serverChannel,
             registry: registry, publisher: publisher, signals: signals)
-        self.publisher = publisher
         self.configuration = configuration
         self.broker = broker
         self.logger = logger
-        self.serverChannel = serverChannel
-        self.registry = registry
         self.lock = lock
         self.socketInode = socketInode
     }

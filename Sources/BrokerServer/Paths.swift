@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import BrokerCore
 import Synchronization
 import Wire
 
@@ -15,9 +16,7 @@ public enum DaemonPaths {
         return (home ?? "/") + "/.local/share/storebroker"
     }
 
-    /// `mkdir -p` with mode 0700 for what it creates.
     /// Creates `path` and its missing parents (mode 0700); returns the directories it created, outermost first.
-    @discardableResult
     static func makeDirectories(_ path: String) throws(DaemonError) -> [String] {
         var info = stat()
         if stat(path, &info) == 0 { return [] }
@@ -32,14 +31,7 @@ public enum DaemonPaths {
 
     /// The names in `directory` (nil when it cannot be read).
     static func entries(of directory: String) -> Set<String>? {
-        guard let stream = opendir(directory) else { return nil }
-        defer { closedir(stream) }
-        var names: Set<String> = []
-        while let entry = readdir(stream) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            if name != "." && name != ".." { names.insert(name) }
-        }
-        return names
+        (try? FileOps.list(directory)).map(Set.init)
     }
 
     static func parent(of path: String) -> String {
@@ -52,7 +44,6 @@ public enum DaemonPaths {
     /// Makes sure the socket's directory is safe: created with `mode` when missing (and only then given a
     /// mode); an existing one must be a real directory owned by us or by root, never a symbolic link. Returns
     /// the directory when it created it.
-    @discardableResult
     static func prepareSocketDirectory(for socketPath: String, mode: mode_t) throws(DaemonError) -> String? {
         guard socketPath.hasPrefix("/") else { throw DaemonError("the socket path must be absolute: \(socketPath)") }
         guard socketPath.utf8.count <= SocketPath.maxLength else {

@@ -187,6 +187,10 @@ final class ClientHandler: ChannelInboundHandler {
     private var nextID: UInt32 = 1
     private var failure: StoreBrokerError?
     private let requestTimeout: TimeAmount?
+    /// With a timeout: the unanswered requests, oldest first (answers come in request order), and the one timer
+    /// that watches the oldest.
+    private var unanswered = CircularBuffer<(id: UInt32, sent: NIODeadline, name: String)>()
+    private var timer: Scheduled<Void>?
 
     private enum Pending {
         case request(EventLoopPromise<ServerMessage>)
@@ -208,10 +212,7 @@ final class ClientHandler: ChannelInboundHandler {
     }
 
     func handshake() -> EventLoopFuture<ServerMessage.Welcome> {
-        guard let context else {
-            return MultiThreadedEventLoopGroup.singleton.any().makeFailedFuture(
-                StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
-        }
+        guard let context else { return Self.closed() }
         let promise = context.eventLoop.makePromise(of: ServerMessage.Welcome.self)
         if let failure {
             promise.fail(failure)  // closed before the handshake began
@@ -244,21 +245,37 @@ final class ClientHandler: ChannelInboundHandler {
         context?.close(promise: nil)
     }
 
-    func send(_ request: ClientMessage) -> EventLoopFuture<ServerMessage> {
-        guard let context else {
-            return MultiThreadedEventLoopGroup.singleton.any().makeFailedFuture(
-                StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
+    /// The handler was removed from its closed channel: every call fails at once.
+    private static func closed<T>() -> EventLoopFuture<T> {
+        MultiThreadedEventLoopGroup.singleton.any().makeFailedFuture(
+            StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
+    }
+
+    /// Fails everything with `timedOut` once the oldest unanswered request is older than the timeout.
+    private func watchOldest() {
+        guard timer == nil, let requestTimeout, let context else { return }
+        while let oldest = unanswered.first, pending[oldest.id] == nil { unanswered.removeFirst() }
+        guard let oldest = unanswered.first else { return }
+        let deadline = oldest.sent + requestTimeout
+        guard deadline > context.eventLoop.now else {
+            return timedOut("the broker did not answer \(oldest.name) within \(Self.describe(requestTimeout))")
         }
+        let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
+        timer = context.eventLoop.scheduleTask(deadline: deadline) {
+            loop.value.timer = nil
+            loop.value.watchOldest()
+        }
+    }
+
+    func send(_ request: ClientMessage) -> EventLoopFuture<ServerMessage> {
+        guard let context else { return Self.closed() }
         let promise = context.eventLoop.makePromise(of: ServerMessage.self)
         write(request, .request(promise)) { promise.fail($0) }
         return promise.futureResult
     }
 
     func subscribe(_ request: ClientMessage) -> EventLoopFuture<BrokerSubscription> {
-        guard let context else {
-            return MultiThreadedEventLoopGroup.singleton.any().makeFailedFuture(
-                StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
-        }
+        guard let context else { return Self.closed() }
         let promise = context.eventLoop.makePromise(of: BrokerSubscription.self)
         write(request, .subscribe(promise)) { promise.fail($0) }
         return promise.futureResult
@@ -277,13 +294,9 @@ final class ClientHandler: ChannelInboundHandler {
         guard let context else { return fail(StoreBrokerError(.connectionClosed, "the connection to the broker closed")) }
         pending[id] = entry
         context.writeAndFlush(wrapOutboundOut(out), promise: nil)
-        if let requestTimeout {
-            let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
-            context.eventLoop.scheduleTask(in: requestTimeout) {
-                guard loop.value.pending[id] != nil else { return }
-                loop.value.timedOut(
-                    "the broker did not answer \(request.type.name) within \(Self.describe(requestTimeout))")
-            }
+        if requestTimeout != nil {
+            unanswered.append((id, context.eventLoop.now, request.type.name))
+            watchOldest()
         }
     }
 
@@ -317,6 +330,7 @@ final class ClientHandler: ChannelInboundHandler {
             return
         }
         guard let entry = pending.removeValue(forKey: id) else { return }
+        while let oldest = unanswered.first, pending[oldest.id] == nil { unanswered.removeFirst() }
         switch (entry, message) {
         case (.request(let promise), .error(let error)):
             promise.fail(StoreBrokerError(.refused, code: error.code, error.message))
@@ -339,6 +353,9 @@ final class ClientHandler: ChannelInboundHandler {
 
     private func fail(_ error: StoreBrokerError) {
         if failure == nil { failure = error }
+        timer?.cancel()
+        timer = nil
+        unanswered.removeAll()
         welcomePromise?.fail(error)
         welcomePromise = nil
         let entries = pending

@@ -40,11 +40,10 @@ struct Ping: AsyncParsableCommand {
                     await connection.close()
                     Output.line("pong")
                     return
-                } catch let failure as Failure where failure.code == Failure.unavailable {
-                    if ContinuousClock.now >= deadline { throw failure }
-                    try await Task.sleep(for: .milliseconds(50))
-                } catch let error as StoreBrokerError where Failure(error).code == Failure.unavailable {
-                    if ContinuousClock.now >= deadline { throw error }
+                } catch {
+                    // Tried again while the broker is unreachable (exit 69), until the wait is over.
+                    let failure = (error as? Failure) ?? (error as? StoreBrokerError).map(Failure.init)
+                    guard failure?.code == Failure.unavailable, ContinuousClock.now < deadline else { throw error }
                     try await Task.sleep(for: .milliseconds(50))
                 }
             }

@@ -173,6 +173,18 @@ extension Integration {
                 result = try await runStorectl(["watch", "notes", "--timeout", "1", "--socket", fake.socketPath], in: directory)
                 #expect(result.status == 69)
                 #expect(result.stderr.contains("within 1 s"), "\(result.stderr)")
+                fake.stop()
+
+                // One that greets but never answers a request.
+                let mute = try FakeBroker(
+                    socketPath: directory + "/mute.sock",
+                    behaviour: .script { peer in
+                        while try peer.nextRequest() != nil {}
+                    })
+                defer { mute.stop() }
+                result = try await runStorectl(["count", "notes", "--timeout", "1", "--socket", mute.socketPath], in: directory)
+                #expect(result.status == 69)
+                #expect(result.stderr.contains("did not answer count within 1 s"), "\(result.stderr)")
             }
         }
     }

@@ -132,14 +132,13 @@ final class DiskStore: EngineStoreImplementation {
         for (_, path) in pending.sorted(by: { $0.sequence < $1.sequence }) {
             guard let bytes = try Files.read(path) else { continue }
             let (journalSequence, next, count, steps) = try Self.decodeJournal(bytes, path: path)
-            stage(steps)
+            install(steps)
             sequence = journalSequence
             nextPosition = max(nextPosition, next)
             expectedCount = count
             journals.append(path)
         }
-        // What cannot be written now (a full disk) is served from memory and written later.
-        try? writeUnwritten()
+        // What could not be written (a full disk) is served from memory and written later.
         try? checkpoint()
     }
 
@@ -200,7 +199,9 @@ final class DiskStore: EngineStoreImplementation {
         return ItemFile(key: key, createdAt: createdAt, updatedAt: updatedAt, payload: try decoder.take(decoder.remaining))
     }
 
-    private func writeItem(position: UInt64, key: [UInt8], createdAt: UInt64, updatedAt: UInt64, payload: [UInt8])
+    private func writeItem(
+        position: UInt64, key: [UInt8], createdAt: UInt64, updatedAt: UInt64, payload: ArraySlice<UInt8>
+    )
         throws(EngineError)
     {
         var encoder = Encoder()
@@ -277,9 +278,40 @@ final class DiskStore: EngineStoreImplementation {
         return (sequence, nextPosition, count, steps)
     }
 
-    /// Records what the resolved steps do to the item files, to be written by `writeUnwritten`. Idempotent, so
-    /// a replay may repeat it; a later step on a position replaces an earlier one.
-    private func stage(_ steps: [Resolved]) {
+    /// Makes the item files match the resolved steps (idempotent, so a replay may repeat it). While nothing waits
+    /// in `unwritten` each file is written at once; a step that cannot be (a full disk) and every step after it
+    /// are staged there instead, and while anything is staged so is every new step, so that a position's last
+    /// state always wins.
+    private func install(_ steps: [Resolved]) {
+        guard unwritten.isEmpty else {
+            stage(steps[...])
+            try? writeUnwritten()
+            return
+        }
+        for index in steps.indices {
+            do throws(EngineError) {
+                try write(steps[index])
+            } catch {
+                stage(steps[index...])
+                return
+            }
+        }
+    }
+
+    private func write(_ step: Resolved) throws(EngineError) {
+        switch step {
+        case .put(let position, let key, let createdAt, let updatedAt, let payload):
+            try writeItem(position: position, key: key, createdAt: createdAt, updatedAt: updatedAt, payload: payload[...])
+        case .remove(let position):
+            try Files.remove(itemPath(position))
+        case .removeAll(let positions):
+            for position in positions { try Files.remove(itemPath(position)) }
+        }
+    }
+
+    /// Keeps what the steps do to the item files in `unwritten`, to be written by `writeUnwritten`; a later step
+    /// on a position replaces an earlier one.
+    private func stage(_ steps: ArraySlice<Resolved>) {
         for step in steps {
             switch step {
             case .put(let position, let key, let createdAt, let updatedAt, let payload):
@@ -295,13 +327,12 @@ final class DiskStore: EngineStoreImplementation {
     /// Writes the staged item files, forgetting each once it is on disk; stops at the first failure (a full
     /// disk), keeping the rest for the next call.
     private func writeUnwritten() throws(EngineError) {
-        for position in unwritten.keys.sorted() {
-            switch unwritten[position]! {
-            case let item?:
+        for (position, item) in unwritten {
+            if let item {
                 try writeItem(
                     position: position, key: item.key, createdAt: item.createdAt, updatedAt: item.updatedAt,
-                    payload: Array(item.payload))
-            case nil:
+                    payload: item.payload)
+            } else {
                 try Files.remove(itemPath(position))
             }
             unwritten[position] = nil
@@ -389,8 +420,7 @@ final class DiskStore: EngineStoreImplementation {
         // 3. Install. The apply is committed (its journal is durable), so it reports success whatever happens
         // now: files that cannot be written yet (a full disk) are served from memory and written at a later
         // call; their journals stay until then. A failed checkpoint only keeps the journals for longer.
-        stage(resolved)
-        try? writeUnwritten()
+        install(resolved)
         if journals.count >= checkpointEvery { try? checkpoint() }
     }
 

@@ -120,7 +120,7 @@ struct Encoder {
     mutating func u8(_ v: UInt8) { bytes.append(v) }
     mutating func u32(_ v: UInt32) { withUnsafeBytes(of: v.littleEndian) { bytes.append(contentsOf: $0) } }
     mutating func u64(_ v: UInt64) { withUnsafeBytes(of: v.littleEndian) { bytes.append(contentsOf: $0) } }
-    mutating func raw(_ b: [UInt8]) { bytes.append(contentsOf: b) }
+    mutating func raw(_ b: some Collection<UInt8>) { bytes.append(contentsOf: b) }
     mutating func raw(_ b: UnsafeBufferPointer<UInt8>) { bytes.append(contentsOf: b) }
     mutating func blob(_ b: [UInt8]) {
         u32(UInt32(b.count))
