@@ -23,17 +23,8 @@ final class FakeBroker: @unchecked Sendable {
     init(socketPath: String, behaviour: Behaviour) throws {
         self.socketPath = socketPath
         self.behaviour = behaviour
-        listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        guard listener >= 0 else { throw POSIXError(.EIO) }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(socketPath.utf8)) }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
-        guard bound == 0, listen(listener, 128) == 0 else {
+        listener = try unixSocket(socketPath) { bind($0, $1, $2) }
+        guard listen(listener, 128) == 0 else {
             close(listener)
             throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
         }
@@ -86,8 +77,7 @@ final class ScriptedPeer {
 
     init(fd: Int32) {
         self.fd = fd
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        setReadTimeout(fd, seconds: 10)
     }
 
     /// The next request (the handshake answered on the way), or nil at end of stream.
@@ -115,12 +105,5 @@ final class ScriptedPeer {
         write(out)
     }
 
-    private func write(_ bytes: ByteBuffer) {
-        var rest = Array(bytes.readableBytesView)[...]
-        while !rest.isEmpty {
-            let written = rest.withUnsafeBytes { Foundation.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            if written <= 0 { return }
-            rest = rest.dropFirst(written)
-        }
-    }
+    private func write(_ bytes: ByteBuffer) { sendAll(fd, Array(bytes.readableBytesView)) }
 }

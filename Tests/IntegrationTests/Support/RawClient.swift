@@ -10,22 +10,8 @@ final class RawClient {
     private var session = ClientSession(clientName: "raw-test")
 
     init(socketPath: String, timeout: Int = 20) throws {
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw POSIXError(.EIO) }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(socketPath.utf8)) }
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
-        guard result == 0 else {
-            close(fd)
-            throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-        }
-        var timeout = timeval(tv_sec: timeout, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        fd = try unixSocket(socketPath) { connect($0, $1, $2) }
+        setReadTimeout(fd, seconds: timeout)
     }
 
     deinit { close(fd) }
@@ -33,16 +19,9 @@ final class RawClient {
     /// Ends the connection both ways now (the descriptor is closed when the client goes away).
     func disconnect() { shutdown(fd, Int32(SHUT_RDWR)) }
 
-    func send(_ bytes: [UInt8]) {
-        var rest = bytes[...]
-        while !rest.isEmpty {
-            let written = rest.withUnsafeBytes { Foundation.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            if written <= 0 { return }
-            rest = rest.dropFirst(written)
-        }
-    }
+    func send(_ bytes: [UInt8]) { sendAll(fd, bytes) }
 
-    func send(_ buffer: ByteBuffer) { send(Array(buffer.readableBytesView)) }
+    func send(_ buffer: ByteBuffer) { sendAll(fd, Array(buffer.readableBytesView)) }
 
     /// Sends `hello` and reads the `welcome`.
     @discardableResult
@@ -124,4 +103,39 @@ func rawFrame(type: UInt8, id: UInt32, payload: [UInt8], length: UInt32? = nil, 
     out.writeInteger(id)
     out.writeBytes(payload)
     return Array(out.readableBytesView)
+}
+
+/// A Unix stream socket whose address is `path`, passed to `call` (`connect` or `bind`); closed and thrown on
+/// failure.
+func unixSocket(_ path: String, _ call: (Int32, UnsafePointer<sockaddr>, socklen_t) -> Int32) throws -> Int32 {
+    let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw POSIXError(.EIO) }
+    var address = sockaddr_un()
+    address.sun_family = sa_family_t(AF_UNIX)
+    withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+    let result = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { call(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+    }
+    guard result == 0 else {
+        let code = errno
+        close(fd)
+        throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
+    }
+    return fd
+}
+
+/// Reads on `fd` fail after `seconds` without data, so a test fails rather than hangs.
+func setReadTimeout(_ fd: Int32, seconds: Int) {
+    var timeout = timeval(tv_sec: seconds, tv_usec: 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+}
+
+/// Writes all of `bytes` (or stops when the peer is gone).
+func sendAll(_ fd: Int32, _ bytes: [UInt8]) {
+    var rest = bytes[...]
+    while !rest.isEmpty {
+        let written = rest.withUnsafeBytes { Foundation.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        if written <= 0 { return }
+        rest = rest.dropFirst(written)
+    }
 }
