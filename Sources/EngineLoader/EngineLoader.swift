@@ -223,18 +223,23 @@ public final class EngineLoader: Sendable {
 
     /// A directory above an engine: owned by this user or root, and writable by no one else unless sticky.
     private static func checkDirectory(_ info: stat, _ directory: String, for path: String) throws(EngineLoadError) {
+        try checkOwner(info, "the directory \(directory)", sticky: info.st_mode & S_ISVTX != 0, for: path)
+    }
+
+    /// Owned by this user or root, and writable by no one else (not by others, nor by a group other than the
+    /// daemon user's own) unless `sticky` (others may then add entries, never replace ours).
+    private static func checkOwner(_ info: stat, _ subject: String, sticky: Bool, for path: String) throws(EngineLoadError) {
         guard info.st_uid == getuid() || info.st_uid == 0 else {
             throw EngineLoadError(
                 .unsafePermissions, path: path,
-                "refused: the directory \(directory) is owned by uid \(info.st_uid), not by this user (uid \(getuid())) or root")
+                "refused: \(subject) is owned by uid \(info.st_uid), not by this user (uid \(getuid())) or root")
         }
-        let sticky = info.st_mode & S_ISVTX != 0
-        if info.st_mode & S_IWOTH != 0, !sticky {
-            throw EngineLoadError(.unsafePermissions, path: path, "refused: the directory \(directory) is world-writable")
+        guard !sticky else { return }
+        if info.st_mode & S_IWOTH != 0 {
+            throw EngineLoadError(.unsafePermissions, path: path, "refused: \(subject) is world-writable")
         }
-        if info.st_mode & S_IWGRP != 0, !sticky, info.st_gid != getgid() || info.st_uid != getuid() {
-            throw EngineLoadError(
-                .unsafePermissions, path: path, "refused: the directory \(directory) is writable by another group")
+        if info.st_mode & S_IWGRP != 0, info.st_gid != getgid() || info.st_uid != getuid() {
+            throw EngineLoadError(.unsafePermissions, path: path, "refused: \(subject) is writable by another group")
         }
     }
 
@@ -247,17 +252,7 @@ public final class EngineLoader: Sendable {
         guard info.st_mode & S_IFMT == S_IFREG else {
             throw EngineLoadError(.notSharedObject, path: path, "not a regular file")
         }
-        guard info.st_uid == getuid() || info.st_uid == 0 else {
-            throw EngineLoadError(
-                .unsafePermissions, path: path,
-                "refused: owned by uid \(info.st_uid), not by this user (uid \(getuid())) or root")
-        }
-        if info.st_mode & S_IWOTH != 0 {
-            throw EngineLoadError(.unsafePermissions, path: path, "refused: the file is world-writable")
-        }
-        if info.st_mode & S_IWGRP != 0, info.st_gid != getgid() || info.st_uid != getuid() {
-            throw EngineLoadError(.unsafePermissions, path: path, "refused: the file is writable by another group")
-        }
+        try checkOwner(info, "the file", sticky: false, for: path)
         var magic = [UInt8](repeating: 0, count: 4)
         guard pread(fd, &magic, 4, 0) == 4, magic == [0x7F, 0x45, 0x4C, 0x46] else {
             throw EngineLoadError(.notSharedObject, path: path, "not a shared object (no ELF header)")
