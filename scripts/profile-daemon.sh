@@ -10,7 +10,13 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 engine="$1"
 shift
-command -v perf >/dev/null 2>&1 || { echo "profile-daemon: perf is not installed (apt-get install linux-perf)" >&2; exit 1; }
+source scripts/setup.sh
+if ! command -v perf >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends linux-perf
+fi
 swift build -c release >&2
 bin="$(swift build -c release --show-bin-path)"
 work="$(mktemp -d /tmp/sb-profile.XXXXXX)"

@@ -472,11 +472,7 @@ final class ManagedStore: Sendable {
             return
         }
 
-        if let manifest = state.withLock({ $0.manifest }), !manifest.committed,
-            let updated = place.recordCommitted(manifest)
-        {
-            state.withLock { $0.manifest = updated }
-        }
+        state.recordFirstCommit(in: place)
 
         // Committed: memory, history and subscribers, in sequence order, under the lock.
         let configuration = environment.configuration

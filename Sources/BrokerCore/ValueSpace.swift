@@ -332,11 +332,7 @@ final class ValueSpace: Sendable {
                 }
                 return
             }
-            if let manifest = state.withLock({ $0.manifest }), !manifest.committed,
-                let updated = place.recordCommitted(manifest)
-            {
-                state.withLock { $0.manifest = updated }
-            }
+            state.recordFirstCommit(in: place)
             state.withLock { state in
                 for outcome in planned.outcomes {
                     guard case .committed(let name, let entry) = outcome else { continue }

@@ -23,6 +23,8 @@ protocol WriterState {
     /// Resumed when the writer goes idle.
     var idleWaiters: [CheckedContinuation<Void, Never>] { get set }
     var engineStore: (any EngineStore)? { get set }
+    /// The place's manifest, once it exists.
+    var manifest: Manifest? { get set }
     /// The load failed: back to "not loaded", so that the next request tries again.
     mutating func markLoadFailed()
 }
@@ -48,6 +50,15 @@ extension Mutex where Value: WriterState {
         for body in waiting { body(error) }
         for write in writes { write.reply(.failure(error)) }
         for waiter in idle { waiter.resume() }
+    }
+
+    /// After a commit: the manifest records that the place has committed (once; tried again at the next commit
+    /// if it could not be written), so that engine files lost later are noticed.
+    func recordFirstCommit(in place: EnginePlace) {
+        guard let manifest = withLock({ $0.manifest }), !manifest.committed,
+            let updated = place.recordCommitted(manifest)
+        else { return }
+        withLock { $0.manifest = updated }
     }
 
     /// Refuses new writes, waits for the queued ones to finish, then closes the engine store.
