@@ -11,16 +11,15 @@ final class TestEngine: StorageEngine, EngineProvider {
     let capabilities: EngineCapabilities = [.persistent, .atomic]
     let optionKeys: [String] = []
     let state = Mutex(State())
+    /// Applies wait here while it is closed (`hold()` / `release()`).
+    let applies = Gate()
+    /// Opens wait here while it is closed (`holdOpens()` / `releaseOpens()`).
+    let opens = Gate()
 
     struct State {
         var applies: [(steps: [EngineStep], sequence: UInt64)] = []
         var stores: [String: TestEngineStore] = [:]
-        var holding = false
-        var held: [CheckedContinuation<Void, Never>] = []
         var failNext = false
-        /// Opens wait for `releaseOpens()` while set.
-        var holdingOpens = false
-        var heldOpens: [CheckedContinuation<Void, Never>] = []
         var opensStarted = 0
         var closes = 0
     }
@@ -33,20 +32,8 @@ final class TestEngine: StorageEngine, EngineProvider {
     func engineList() -> [EngineInfo] { [] }
 
     func open(directory: String, store: String, options: [String: String]) async throws(EngineFailure) -> any EngineStore {
-        let mustWait = state.withLock { state in
-            state.opensStarted += 1
-            return state.holdingOpens
-        }
-        if mustWait {
-            await withCheckedContinuation { continuation in
-                let resumeNow = state.withLock { state -> Bool in
-                    guard state.holdingOpens else { return true }
-                    state.heldOpens.append(continuation)
-                    return false
-                }
-                if resumeNow { continuation.resume() }
-            }
-        }
+        state.withLock { $0.opensStarted += 1 }
+        await opens.pass()
         return state.withLock { state in
             if let open = state.stores[directory] { return open }
             let created = TestEngineStore(engine: self)
@@ -60,28 +47,12 @@ final class TestEngine: StorageEngine, EngineProvider {
     }
 
     /// From now on opens wait for `releaseOpens()`.
-    func holdOpens() { state.withLock { $0.holdingOpens = true } }
-
-    func releaseOpens() {
-        let held = state.withLock { state in
-            state.holdingOpens = false
-            defer { state.heldOpens = [] }
-            return state.heldOpens
-        }
-        for continuation in held { continuation.resume() }
-    }
+    func holdOpens() { opens.close() }
+    func releaseOpens() { opens.open() }
 
     /// From now on applies wait for `release()`.
-    func hold() { state.withLock { $0.holding = true } }
-
-    func release() {
-        let held = state.withLock { state in
-            state.holding = false
-            defer { state.held = [] }
-            return state.held
-        }
-        for continuation in held { continuation.resume() }
-    }
+    func hold() { applies.close() }
+    func release() { applies.open() }
 
     /// Waits (bounded) until `count` applies have started.
     func waitForApplies(_ count: Int) async -> Bool {
@@ -105,21 +76,12 @@ final class TestEngineStore: EngineStore {
     var openedSequence: UInt64 { sequence.withLock { $0 } }
 
     func apply(_ steps: [EngineStep], sequence: UInt64) async throws(EngineFailure) {
-        let (mustWait, fail) = engine.state.withLock { state in
+        let fail = engine.state.withLock { state in
             state.applies.append((steps, sequence))
             defer { state.failNext = false }
-            return (state.holding, state.failNext)
+            return state.failNext
         }
-        if mustWait {
-            await withCheckedContinuation { continuation in
-                let resumeNow = engine.state.withLock { state -> Bool in
-                    guard state.holding else { return true }
-                    state.held.append(continuation)
-                    return false
-                }
-                if resumeNow { continuation.resume() }
-            }
-        }
+        await engine.applies.pass()
         if fail { throw EngineFailure(.io, "the disk caught fire") }
         records.withLock { records in
             for step in steps {
@@ -147,4 +109,31 @@ final class TestEngineStore: EngineStore {
     func allKeys() async throws(EngineFailure) -> [[UInt8]] { records.withLock { $0.map(\.key) } }
     func contains(_ key: [UInt8]) async throws(EngineFailure) -> Bool { records.withLock { $0.contains { $0.key == key } } }
     func close() async { engine.state.withLock { $0.closes += 1 } }
+}
+
+/// Callers of `pass()` wait while the gate is closed, and all go on when it opens.
+final class Gate: Sendable {
+    private let state = Mutex<(closed: Bool, waiting: [CheckedContinuation<Void, Never>])>((false, []))
+
+    func close() { state.withLock { $0.closed = true } }
+
+    func open() {
+        let waiting = state.withLock { state in
+            state.closed = false
+            defer { state.waiting = [] }
+            return state.waiting
+        }
+        for continuation in waiting { continuation.resume() }
+    }
+
+    func pass() async {
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { state -> Bool in
+                guard state.closed else { return true }
+                state.waiting.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
 }
