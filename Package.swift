@@ -2,8 +2,10 @@
 import PackageDescription
 
 // Layers (each target may import only those below it):
-//   Wire              the binary protocol; NIOCore only, never a socket
-//   BrokerCore        store semantics, sequences, events, subscriptions; no networking, no dlopen
+//   StoreModel        the data stores are made of (ids, payloads, records, conditions); no codec, no I/O
+//   Wire              the binary protocol over StoreModel; NIOCore only, never a socket
+//   BrokerCore        store semantics, sequences, events, subscriptions, in its own commands, answers and
+//                     errors; no Wire, no networking, no dlopen
 //   EngineLoader      finds and dlopens storage engines
 //   BrokerServer      the daemon: the Unix socket (NIOPosix), connections, paths, start-up and shutdown
 //   StoreBrokerClient the client connection (NIOPosix): what storectl and applications use
@@ -36,16 +38,17 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
     ],
     targets: [
+        .target(name: "StoreModel", dependencies: [.product(name: "NIOCore", package: "swift-nio")]),
         .target(
             name: "Wire",
-            dependencies: [.product(name: "NIOCore", package: "swift-nio")]
+            dependencies: ["StoreModel", .product(name: "NIOCore", package: "swift-nio")]
         ),
         // An insertion-ordered table with stable positions: the broker's in-memory stores and the Swift engines.
         .target(name: "OrderedStorage"),
         .target(
             name: "BrokerCore",
             dependencies: [
-                "Wire", "OrderedStorage", .product(name: "NIOCore", package: "swift-nio"),
+                "StoreModel", "OrderedStorage", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
             ]
@@ -54,7 +57,7 @@ let package = Package(
         .target(name: "CStorageEngine"),
         .target(
             name: "EngineLoader",
-            dependencies: ["BrokerCore", "CStorageEngine", "Wire", .product(name: "NIOCore", package: "swift-nio")]
+            dependencies: ["BrokerCore", "CStorageEngine", "StoreModel", .product(name: "NIOCore", package: "swift-nio")]
         ),
         // Helpers for engines written in Swift; linked into each engine library, never into the host.
         .target(name: "StorageEngineKit", dependencies: ["CStorageEngine", "OrderedStorage"]),
@@ -76,7 +79,7 @@ let package = Package(
         .target(
             name: "BrokerDBus",
             dependencies: [
-                "CDBus", "BrokerCore", "Wire", .product(name: "Logging", package: "swift-log"),
+                "CDBus", "BrokerCore", "StoreModel", .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
             ]
         ),
@@ -143,7 +146,7 @@ let package = Package(
         .testTarget(
             name: "BrokerCoreTests",
             dependencies: [
-                "BrokerCore", "Wire", "TestSupport", .product(name: "NIOCore", package: "swift-nio"),
+                "BrokerCore", "StoreModel", "TestSupport", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -1,6 +1,6 @@
 import Logging
+import StoreModel
 import Synchronization
-import Wire
 
 /// How a broker behaves; built by the daemon from its flags (defaults documented in `storebrokerd --help`).
 public struct BrokerConfiguration: Sendable {
@@ -54,7 +54,7 @@ public protocol CommitObserver: Sendable {
 /// engines over directly.
 public protocol EngineProvider: Sendable {
     /// The engine called `name`, or `engineUnavailable` saying why not.
-    func engine(named name: String) throws(WireError) -> any StorageEngine
+    func engine(named name: String) throws(BrokerError) -> any StorageEngine
     /// Every engine the broker could use, for `listEngines`.
     func engineList() -> [EngineInfo]
 }
@@ -89,7 +89,7 @@ public final class Broker: Sendable {
         configuration: BrokerConfiguration, engines: any EngineProvider, logger: Logger,
         interceptors: [any RequestInterceptor]? = nil, sealer: (any ValueSealer)? = nil,
         observers: [any CommitObserver] = []
-    ) throws(WireError) {
+    ) throws(BrokerError) {
         self.configuration = configuration
         self.interceptors = interceptors ?? Self.standardInterceptors(configuration: configuration, logger: logger)
         let directory = DataDirectory(root: configuration.dataDirectory)
@@ -113,10 +113,9 @@ public final class Broker: Sendable {
 
     private func valueSpace(_ namespace: Namespace) -> ValueSpace { namespace == .secureValue ? secureValues : values }
 
-    /// Carries out `request` (anything but `hello`) for a peer. A `subscribe` needs the `subscription` its
-    /// pushes will be queued in; an `unsubscribe` is the connection's business (`unsubscribe(_:)`).
+    /// Carries out `command` for a peer. A `subscribe` needs the `subscription` its pushes will be queued in.
     public func handle(
-        _ request: ClientMessage, context: RequestContext = .owner, subscription: Subscription? = nil,
+        _ command: BrokerCommand, context: RequestContext = .owner, subscription: Subscription? = nil,
         reply: @escaping Reply
     ) {
         let interceptors = interceptors
@@ -124,57 +123,49 @@ public final class Broker: Sendable {
         let finish: Reply = { outcome in
             let duration = ContinuousClock.now - start
             for interceptor in interceptors {
-                interceptor.observe(request, context: context, outcome: outcome, duration: duration)
+                interceptor.observe(command, context: context, outcome: outcome, duration: duration)
             }
             reply(outcome)
         }
         for interceptor in interceptors {
-            if let error = interceptor.check(request, context: context) { return finish(.failure(error)) }
+            if let error = interceptor.check(command, context: context) { return finish(.failure(error)) }
         }
-        perform(request, context: context, subscription: subscription, reply: finish)
+        perform(command, context: context, subscription: subscription, reply: finish)
     }
 
     private func perform(
-        _ request: ClientMessage, context: RequestContext, subscription: Subscription?, reply: @escaping Reply
+        _ command: BrokerCommand, context: RequestContext, subscription: Subscription?, reply: @escaping Reply
     ) {
-        switch request {
-        case .ping: reply(.success(.pong(.init())))
-        case .listEngines: reply(.success(.engineList(.init(elements: environment.engines.engineList()))))
+        switch command {
+        case .listEngines: reply(.success(.engines(environment.engines.engineList())))
         case .listStores:
             environment.tasks.spawn {
-                do throws(WireError) {
+                do throws(BrokerError) {
                     let visible = try await self.storeInfos().filter { context.grant.allows($0.name, write: false) }
-                    reply(.success(.storeList(.init(elements: visible))))
+                    reply(.success(.stores(visible)))
                 } catch {
                     reply(.failure(error))
                 }
             }
-        case .getStoreInfo(let m): store(m.store).info(reply)
-        case .count(let m): store(m.store).count(reply)
-        case .getItems(let m): store(m.store).items(m.ids, reply)
-        case .queryRange(let m): store(m.store).range(after: m.after, limit: m.limit, reply)
-        case .listIDs(let m): store(m.store).ids(after: m.after, limit: m.limit, reply)
-        case .insert(let m): submit(m.store, .write(.insert(m.items)), m.condition, reply)
-        case .remove(let m): submit(m.store, .write(.remove(m.ids)), m.condition, reply)
-        case .removeAll(let m): submit(m.store, .write(.removeAll), m.condition, reply)
-        case .chain(let m): submit(m.store, .write(.chain(m.steps)), m.condition, reply)
-        case .drop(let m): submit(m.store, .drop, m.condition, reply)
-        case .getValue(let m): valueSpace(m.namespace).get(m.name, reply)
-        case .setValue(let m):
-            valueSpace(m.namespace).submit(.init(name: m.name, value: m.value.owned.bytes, condition: m.condition, reply: reply))
-        case .resetValue(let m):
-            valueSpace(m.namespace).submit(.init(name: m.name, value: nil, condition: m.condition, reply: reply))
-        case .subscribe(let m):
-            guard let subscription, subscription.namespace == m.namespace, subscription.name == m.name else {
-                return reply(.failure(WireError(.internalError, "a subscribe reached the broker without its subscription")))
+        case .storeInfo(let name): store(name).info(reply)
+        case .count(let name): store(name).count(reply)
+        case .get(let name, let ids): store(name).items(ids, reply)
+        case .range(let name, let after, let limit): store(name).range(after: after, limit: limit, reply)
+        case .ids(let name, let after, let limit): store(name).ids(after: after, limit: limit, reply)
+        case .write(let name, let write, let condition): submit(name, .write(write), condition, reply)
+        case .drop(let name, let condition): submit(name, .drop, condition, reply)
+        case .getValue(let namespace, let name): valueSpace(namespace).get(name, reply)
+        case .setValue(let namespace, let name, let value, let condition):
+            valueSpace(namespace).submit(.init(name: name, value: value?.owned.bytes, condition: condition, reply: reply))
+        case .subscribe(let namespace, let name, let start):
+            guard let subscription, subscription.namespace == namespace, subscription.name == name else {
+                return reply(.failure(BrokerError(.internalError, "a subscribe reached the broker without its subscription")))
             }
-            if m.namespace == .store {
-                store(m.name).subscribe(subscription, start: m.start, reply)
+            if namespace == .store {
+                store(name).subscribe(subscription, start: start, reply)
             } else {
-                valueSpace(m.namespace).subscribe(subscription, start: m.start, reply)
+                valueSpace(namespace).subscribe(subscription, start: start, reply)
             }
-        case .hello, .unsubscribe:
-            reply(.failure(WireError(.unexpectedMessage, "\(request.type.name) is handled by the connection")))
         }
     }
 
@@ -183,11 +174,11 @@ public final class Broker: Sendable {
     }
 
     /// Every existing store, in name byte order.
-    private func storeInfos() async throws(WireError) -> [StoreInfo] {
+    private func storeInfos() async throws(BrokerError) -> [StoreInfo] {
         var infos: [StoreInfo] = []
         for name in try environment.directory.storeNames() {
             let store = store(name)
-            do throws(WireError) {
+            do throws(BrokerError) {
                 try await store.loaded()
             } catch {
                 // Listed, and marked: a store that exists but cannot be served has an epoch and sequence 0
@@ -229,33 +220,5 @@ public final class Broker: Sendable {
             group.addTask { await self.secureValues.shutdown() }
         }
         await environment.tasks.waitForAll()
-    }
-}
-
-extension ClientMessage {
-    /// The store a request is about, if any.
-    public var storeName: String? {
-        switch self {
-        case .getStoreInfo(let m): m.store
-        case .insert(let m): m.store
-        case .remove(let m): m.store
-        case .removeAll(let m): m.store
-        case .drop(let m): m.store
-        case .chain(let m): m.store
-        case .getItems(let m): m.store
-        case .queryRange(let m): m.store
-        case .count(let m): m.store
-        case .listIDs(let m): m.store
-        case .subscribe(let m): m.namespace == .store ? m.name : nil
-        default: nil
-        }
-    }
-
-    /// Whether the request changes a store or value.
-    public var isWrite: Bool {
-        switch self {
-        case .insert, .remove, .removeAll, .drop, .chain, .setValue, .resetValue: true
-        default: false
-        }
     }
 }

@@ -1,7 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Wire
+import StoreModel
 
 /// Where the broker keeps its stores and values (docs/DAEMON.md):
 ///
@@ -39,7 +39,7 @@ struct DataDirectory: Sendable {
 
     /// Creates the root, the stores and staging directories (mode 0700) if missing, moving a data directory
     /// of the first layout over (see `migrateFirstLayout`). Returns what the move did, for the log.
-    func prepare() throws(WireError) -> [String] {
+    func prepare() throws(BrokerError) -> [String] {
         try FileOps.makeDirectory(root, recursive: true)
         try FileOps.makeDirectory(storesDirectory, recursive: false)
         var staging = stat()
@@ -57,7 +57,7 @@ struct DataDirectory: Sendable {
     /// - any other `stores/.new-*` or `stores/.dropped-*`: a user's store (or, rarely, a drop interrupted by a
     ///   crash): kept as the store of that name, with a note (drop it if it is the remains of a drop);
     /// - `.new-*` and `.dropped-*` beside `values` (names no user can give): deleted, as before.
-    private func migrateFirstLayout() throws(WireError) -> [String] {
+    private func migrateFirstLayout() throws(BrokerError) -> [String] {
         var notes: [String] = []
         for entry in try FileOps.list(root) where entry.hasPrefix(".new-") || entry.hasPrefix(".dropped-") {
             try FileOps.removeTree(root + "/" + entry)
@@ -76,22 +76,22 @@ struct DataDirectory: Sendable {
     }
 
     /// The names of the stores with a directory, in byte order.
-    func storeNames() throws(WireError) -> [String] {
+    func storeNames() throws(BrokerError) -> [String] {
         try FileOps.list(storesDirectory).filter { Naming.problem(withName: $0) == nil }
             .sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
     }
 
     /// The manifest of `place`, or `nil` when it has no directory.
-    func manifest(_ place: Place) throws(WireError) -> Manifest? {
+    func manifest(_ place: Place) throws(BrokerError) -> Manifest? {
         guard let text = try FileOps.readSmallFile(place.manifestPath) else { return nil }
         guard let manifest = Manifest(text: text) else {
-            throw WireError(.engineError, "the manifest \(place.manifestPath) cannot be read")
+            throw BrokerError(.engineError, "the manifest \(place.manifestPath) cannot be read")
         }
         return manifest
     }
 
     /// Creates `place` with its manifest, atomically.
-    func create(_ place: Place, manifest: Manifest) throws(WireError) {
+    func create(_ place: Place, manifest: Manifest) throws(BrokerError) {
         let staging = stagingDirectory + "/new-\(UInt64.random(in: 0...UInt64.max))"
         try FileOps.makeDirectory(staging, recursive: false)
         try FileOps.makeDirectory(staging + "/data", recursive: false)
@@ -101,7 +101,7 @@ struct DataDirectory: Sendable {
     }
 
     /// Replaces `place`'s manifest atomically (a new file renamed over the old one).
-    func rewrite(_ place: Place, manifest: Manifest) throws(WireError) {
+    func rewrite(_ place: Place, manifest: Manifest) throws(BrokerError) {
         let temporary = place.path + "/manifest.new"
         try FileOps.writeDurably(temporary, manifest.text)
         try FileOps.rename(temporary, place.manifestPath)
@@ -109,7 +109,7 @@ struct DataDirectory: Sendable {
     }
 
     /// Deletes `place`: renamed away first, so a crash never leaves half of it.
-    func remove(_ place: Place) throws(WireError) {
+    func remove(_ place: Place) throws(BrokerError) {
         let doomed = stagingDirectory + "/dropped-\(UInt64.random(in: 0...UInt64.max))"
         try FileOps.rename(place.path, doomed)
         try FileOps.syncDirectory(place.parent)
@@ -117,7 +117,7 @@ struct DataDirectory: Sendable {
     }
 
     /// Deletes leftovers of interrupted creates and drops: everything in `staging`.
-    func removeLeftovers() throws(WireError) {
+    func removeLeftovers() throws(BrokerError) {
         for entry in try FileOps.list(stagingDirectory) {
             try FileOps.removeTree(stagingDirectory + "/" + entry)
         }
@@ -162,13 +162,16 @@ struct Manifest: Hashable, Sendable {
 
 /// Small POSIX file helpers; every failure becomes an `engineError` naming the path and errno.
 public enum FileOps {
-    static func failure(_ what: String, _ path: String, _ code: Int32 = errno) -> WireError {
-        WireError(
-            code == ENOSPC || code == EDQUOT ? .storageFull : .engineError,
-            "\(what) \(path): \(String(cString: strerror(code)))")
+    static func failure(
+        _ what: String, _ path: String, _ code: Int32 = errno, fileID: StaticString = #fileID, line: UInt = #line
+    ) -> BrokerError {
+        let cause = SystemError(code: code)
+        return BrokerError(
+            code == ENOSPC || code == EDQUOT ? .storageFull : .engineError, "\(what) \(path): \(cause)",
+            underlying: cause, fileID: fileID, line: line)
     }
 
-    static func makeDirectory(_ path: String, recursive: Bool) throws(WireError) {
+    static func makeDirectory(_ path: String, recursive: Bool) throws(BrokerError) {
         if recursive, let slash = path.lastIndex(of: "/"), slash != path.startIndex {
             let parent = String(path[..<slash])
             var info = stat()
@@ -178,7 +181,7 @@ public enum FileOps {
     }
 
     /// The names in a directory, "." and ".." left out.
-    public static func list(_ path: String) throws(WireError) -> [String] {
+    public static func list(_ path: String) throws(BrokerError) -> [String] {
         guard let dir = opendir(path) else { throw failure("cannot list", path) }
         defer { closedir(dir) }
         var names: [String] = []
@@ -192,7 +195,7 @@ public enum FileOps {
     }
 
     /// The file's text, or `nil` when it does not exist.
-    static func readSmallFile(_ path: String) throws(WireError) -> String? {
+    static func readSmallFile(_ path: String) throws(BrokerError) -> String? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         if fd < 0 {
             if errno == ENOENT { return nil }
@@ -209,13 +212,13 @@ public enum FileOps {
             }
             if count == 0 { break }
             bytes += chunk[..<count]
-            if bytes.count > 1 << 20 { throw WireError(.engineError, "\(path) is too large to be a manifest") }
+            if bytes.count > 1 << 20 { throw BrokerError(.engineError, "\(path) is too large to be a manifest") }
         }
         return String(decoding: bytes, as: UTF8.self)
     }
 
     /// Writes `text` to a new file and syncs it.
-    static func writeDurably(_ path: String, _ text: String) throws(WireError) {
+    static func writeDurably(_ path: String, _ text: String) throws(BrokerError) {
         let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw failure("cannot create", path) }
         defer { close(fd) }
@@ -231,11 +234,11 @@ public enum FileOps {
         guard fsync(fd) == 0 else { throw failure("cannot sync", path) }
     }
 
-    static func rename(_ from: String, _ to: String) throws(WireError) {
+    static func rename(_ from: String, _ to: String) throws(BrokerError) {
         guard Glibc.rename(from, to) == 0 else { throw failure("cannot rename \(from) to", to) }
     }
 
-    static func syncDirectory(_ path: String) throws(WireError) {
+    static func syncDirectory(_ path: String) throws(BrokerError) {
         let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw failure("cannot open", path) }
         defer { close(fd) }
@@ -243,7 +246,7 @@ public enum FileOps {
     }
 
     /// Deletes `path` and everything under it; symbolic links are removed, never followed.
-    static func removeTree(_ path: String) throws(WireError) {
+    static func removeTree(_ path: String) throws(BrokerError) {
         var info = stat()
         guard lstat(path, &info) == 0 else {
             if errno == ENOENT { return }

@@ -1,7 +1,7 @@
-import Wire
+import StoreModel
 
 /// Opening, creating and dropping the engine store behind a place (a store, or a value namespace), with
-/// engine failures mapped to wire errors.
+/// engine failures mapped to the broker's errors.
 struct EnginePlace: Sendable {
     let environment: StoreEnvironment
     let place: DataDirectory.Place
@@ -22,18 +22,18 @@ struct EnginePlace: Sendable {
     /// What the place holds, or `nil` when it does not exist. An engine that cannot be loaded is an error,
     /// never an empty result; so is an engine that opens at sequence 0 where the manifest records a commit
     /// (its files were lost or replaced): the place is then broken, not empty.
-    func load() async throws(WireError) -> Loaded? {
+    func load() async throws(BrokerError) -> Loaded? {
         guard var manifest = try environment.directory.manifest(place) else { return nil }
         let engine: any StorageEngine
-        do throws(WireError) {
+        do throws(BrokerError) {
             engine = try environment.engines.engine(named: manifest.engine)
         } catch {
-            throw WireError(error.code, "\(describe) cannot be served: \(error.message)")
+            throw error.context("\(describe) cannot be served: ")
         }
         let store = try await open(engine)
-        do throws(WireError) {
+        do throws(BrokerError) {
             if manifest.committed, store.openedSequence == 0 {
-                throw WireError(
+                throw BrokerError(
                     .engineUnavailable,
                     "\(describe) cannot be served: its manifest records commits but engine \(engine.name) opens it "
                         + "empty (its files in \(place.engineDirectory) were lost or replaced); drop it to start over")
@@ -58,7 +58,7 @@ struct EnginePlace: Sendable {
     func recordCommitted(_ manifest: Manifest) -> Manifest? {
         var updated = manifest
         updated.committed = true
-        do throws(WireError) {
+        do throws(BrokerError) {
             try environment.directory.rewrite(place, manifest: updated)
             return updated
         } catch {
@@ -70,11 +70,11 @@ struct EnginePlace: Sendable {
 
     /// Deletes a place that cannot be loaded: through its engine when that can be loaded (a failure there is
     /// logged), then the directory with whatever is left in it.
-    func dropBroken() async throws(WireError) {
+    func dropBroken() async throws(BrokerError) {
         if let manifest = try? environment.directory.manifest(place),
             let engine = try? environment.engines.engine(named: manifest.engine)
         {
-            do throws(WireError) {
+            do throws(BrokerError) {
                 return try await drop(engine: engine)
             } catch {
                 environment.logger.warning("engine \(engine.name) could not drop \(describe): \(error.message); removing its directory")
@@ -84,7 +84,7 @@ struct EnginePlace: Sendable {
     }
 
     /// Creates the place (directory and manifest) unless `existing` says it exists, and opens its store.
-    func create(engine: any StorageEngine, existing: Manifest?, epoch: UInt64) async throws(WireError)
+    func create(engine: any StorageEngine, existing: Manifest?, epoch: UInt64) async throws(BrokerError)
         -> (Manifest, any EngineStore)
     {
         let manifest = existing ?? Manifest(engine: engine.name, epoch: epoch)
@@ -92,7 +92,7 @@ struct EnginePlace: Sendable {
         return (manifest, try await open(engine))
     }
 
-    private func open(_ engine: any StorageEngine) async throws(WireError) -> any EngineStore {
+    private func open(_ engine: any StorageEngine) async throws(BrokerError) -> any EngineStore {
         let directory = place.engineDirectory
         let storeName = storeName
         let options = options(engine)
@@ -102,7 +102,7 @@ struct EnginePlace: Sendable {
     }
 
     /// Deletes the engine's data and the place.
-    func drop(engine: any StorageEngine) async throws(WireError) {
+    func drop(engine: any StorageEngine) async throws(BrokerError) {
         let directory = place.engineDirectory
         let storeName = storeName
         let options = options(engine)
@@ -112,12 +112,12 @@ struct EnginePlace: Sendable {
         try environment.directory.remove(place)
     }
 
-    /// Maps an engine's failure to the wire's error codes.
-    static func engineCall<T>(_ body: () async throws(EngineFailure) -> T) async throws(WireError) -> T {
+    /// Maps an engine's failure to the broker's error codes, keeping it as the cause.
+    static func engineCall<T>(_ body: () async throws(EngineFailure) -> T) async throws(BrokerError) -> T {
         do throws(EngineFailure) {
             return try await body()
         } catch {
-            throw WireError(error.code == .full ? .storageFull : .engineError, error.description)
+            throw BrokerError(error.code == .full ? .storageFull : .engineError, error.description, underlying: error)
         }
     }
 }

@@ -2,7 +2,7 @@
 import Glibc
 #endif
 import Logging
-import Wire
+import StoreModel
 
 // The interceptor chain (ComposeStore's idea): every request passes through an ordered list of interceptors
 // before it reaches a store. Each may let it pass, reject it with a typed error, and observe what came of it.
@@ -122,16 +122,16 @@ public protocol RequestInterceptor: Sendable {
     var name: String { get }
     /// Before the request goes on: `nil` to let it pass, or the error that answers it (the interceptors after
     /// this one are not asked).
-    func check(_ request: ClientMessage, context: RequestContext) -> WireError?
+    func check(_ command: BrokerCommand, context: RequestContext) -> BrokerError?
     /// After the request was answered (or rejected, by any interceptor): what it got and how long it took.
     func observe(
-        _ request: ClientMessage, context: RequestContext, outcome: Result<ServerMessage, WireError>,
+        _ command: BrokerCommand, context: RequestContext, outcome: Result<BrokerAnswer, BrokerError>,
         duration: Duration)
 }
 
 extension RequestInterceptor {
     public func observe(
-        _ request: ClientMessage, context: RequestContext, outcome: Result<ServerMessage, WireError>,
+        _ command: BrokerCommand, context: RequestContext, outcome: Result<BrokerAnswer, BrokerError>,
         duration: Duration
     ) {}
 }
@@ -142,32 +142,24 @@ public struct AccessInterceptor: RequestInterceptor {
     public let name = "access"
     public init() {}
 
-    public func check(_ request: ClientMessage, context: RequestContext) -> WireError? {
+    public func check(_ command: BrokerCommand, context: RequestContext) -> BrokerError? {
         let grant = context.grant
         guard !grant.isOwner else { return nil }
-        let target: (namespace: Namespace, name: String)?
-        switch request {
-        case .getValue(let m): target = (m.namespace, m.name)
-        case .setValue(let m): target = (m.namespace, m.name)
-        case .resetValue(let m): target = (m.namespace, m.name)
-        case .subscribe(let m): target = (m.namespace, m.name)
-        default: target = request.storeName.map { (Namespace.store, $0) }
-        }
-        guard let target else { return nil }  // ping, listStores (filtered), listEngines, unsubscribe
+        guard let target = command.target else { return nil }  // listStores (filtered), listEngines
         if target.namespace == .secureValue {
-            return WireError(
+            return BrokerError(
                 .permissionDenied, "secure values are only for the daemon's own user; uid \(context.peer.uid) is not")
         }
         let what = target.namespace == .store ? "store" : "value"
-        if request.isWrite {
+        if command.isWrite {
             guard grant.allows(target.name, write: true) else {
                 let readable = grant.allows(target.name, write: false)
-                return WireError(
+                return BrokerError(
                     .permissionDenied,
                     "uid \(context.peer.uid) may not change \(what) \(target.name)\(readable ? " (read-only)" : "")")
             }
         } else if !grant.allows(target.name, write: false) {
-            return WireError(.permissionDenied, "uid \(context.peer.uid) may not read \(what) \(target.name)")
+            return BrokerError(.permissionDenied, "uid \(context.peer.uid) may not read \(what) \(target.name)")
         }
         return nil
     }
@@ -186,26 +178,29 @@ public struct LimitsInterceptor: RequestInterceptor {
         self.maxBatch = maxBatch
     }
 
-    public func check(_ request: ClientMessage, context: RequestContext) -> WireError? {
-        do throws(WireError) {
-            try checkThrowing(request)
+    public func check(_ command: BrokerCommand, context: RequestContext) -> BrokerError? {
+        do throws(BrokerError) {
+            try checkThrowing(command)
             return nil
         } catch {
             return error
         }
     }
 
-    private func checkThrowing(_ request: ClientMessage) throws(WireError) {
-        if let store = request.storeName { try checkName(store) }
-        switch request {
-        case .insert(let m): try checkItems(m.items, total: m.items.count)
-        case .remove(let m): try checkIDs(m.ids, total: m.ids.count)
-        case .getItems(let m): try checkIDs(m.ids, total: m.ids.count)
-        case .queryRange(let m): if let after = m.after { try checkID(after) }
-        case .listIDs(let m): if let after = m.after { try checkID(after) }
-        case .chain(let m):
-            var total = m.steps.count
-            for step in m.steps {
+    private func checkThrowing(_ command: BrokerCommand) throws(BrokerError) {
+        switch command {
+        case .getValue(let namespace, _), .setValue(let namespace, _, _, _): try checkValueNamespace(namespace)
+        default: break
+        }
+        if let target = command.target { try checkName(target.name) }
+        switch command {
+        case .write(_, .insert(let items), _): try checkItems(items, total: items.count)
+        case .write(_, .remove(let ids), _): try checkIDs(ids, total: ids.count)
+        case .get(_, let ids): try checkIDs(ids, total: ids.count)
+        case .range(_, let after, _), .ids(_, let after, _): if let after { try checkID(after) }
+        case .write(_, .chain(let steps), _):
+            var total = steps.count
+            for step in steps {
                 switch step {
                 case .insert(let items): total += items.count
                 case .remove(let ids): total += ids.count
@@ -213,56 +208,51 @@ public struct LimitsInterceptor: RequestInterceptor {
                 }
             }
             try checkBatch(total)
-            for step in m.steps {
+            for step in steps {
                 switch step {
                 case .insert(let items): try checkItems(items, total: 0)
                 case .remove(let ids): try checkIDs(ids, total: 0)
                 case .removeAll: break
                 }
             }
-        case .subscribe(let m): try checkName(m.name)
-        case .getValue(let m): try checkValueName(m.name, m.namespace)
-        case .setValue(let m):
-            try checkValueName(m.name, m.namespace)
-            if m.value.count > maxItemLength {
-                throw WireError(.itemTooLarge, "the value is \(m.value.count) bytes; the limit is \(maxItemLength)")
+        case .setValue(_, _, let value, _):
+            if let value, value.count > maxItemLength {
+                throw BrokerError(.itemTooLarge, "the value is \(value.count) bytes; the limit is \(maxItemLength)")
             }
-        case .resetValue(let m): try checkValueName(m.name, m.namespace)
         default: break
         }
     }
 
-    private func checkValueName(_ name: String, _ namespace: Namespace) throws(WireError) {
+    private func checkValueNamespace(_ namespace: Namespace) throws(BrokerError) {
         guard namespace != .store else {
-            throw WireError(.invalidRequest, "value requests take namespace 1 (value) or 2 (secure value)")
+            throw BrokerError(.invalidRequest, "value requests take namespace 1 (value) or 2 (secure value)")
         }
-        try checkName(name)
     }
 
-    private func checkName(_ name: String) throws(WireError) {
+    private func checkName(_ name: String) throws(BrokerError) {
         if let problem = Naming.problem(withName: name) {
-            throw WireError(.invalidName, "invalid name \(String(name.prefix(64)).debugDescription): \(problem)")
+            throw BrokerError(.invalidName, "invalid name \(String(name.prefix(64)).debugDescription): \(problem)")
         }
     }
 
-    private func checkID(_ id: ItemID) throws(WireError) {
+    private func checkID(_ id: ItemID) throws(BrokerError) {
         if let problem = Naming.problem(withID: id) {
-            throw WireError(.invalidID, "invalid id \(String(id.string.prefix(64)).debugDescription): \(problem)")
+            throw BrokerError(.invalidID, "invalid id \(String(id.string.prefix(64)).debugDescription): \(problem)")
         }
     }
 
-    private func checkBatch(_ total: Int) throws(WireError) {
+    private func checkBatch(_ total: Int) throws(BrokerError) {
         if total > maxBatch {
-            throw WireError(.batchTooLarge, "the request holds \(total) items, ids or steps; the limit is \(maxBatch)")
+            throw BrokerError(.batchTooLarge, "the request holds \(total) items, ids or steps; the limit is \(maxBatch)")
         }
     }
 
-    private func checkItems(_ items: [Item], total: Int) throws(WireError) {
+    private func checkItems(_ items: [Item], total: Int) throws(BrokerError) {
         try checkBatch(total)
         for item in items {
             try checkID(item.id)
             if item.payload.count > maxItemLength {
-                throw WireError(
+                throw BrokerError(
                     .itemTooLarge,
                     "item \(String(item.id.string.prefix(64)).debugDescription) is \(item.payload.count) bytes; "
                         + "the limit is \(maxItemLength)")
@@ -270,7 +260,7 @@ public struct LimitsInterceptor: RequestInterceptor {
         }
     }
 
-    private func checkIDs(_ ids: [ItemID], total: Int) throws(WireError) {
+    private func checkIDs(_ ids: [ItemID], total: Int) throws(BrokerError) {
         try checkBatch(total)
         for id in ids { try checkID(id) }
     }
@@ -286,39 +276,26 @@ public struct RequestLogInterceptor: RequestInterceptor {
         self.logger = logger
     }
 
-    public func check(_ request: ClientMessage, context: RequestContext) -> WireError? { nil }
+    public func check(_ command: BrokerCommand, context: RequestContext) -> BrokerError? { nil }
 
     public func observe(
-        _ request: ClientMessage, context: RequestContext, outcome: Result<ServerMessage, WireError>,
+        _ command: BrokerCommand, context: RequestContext, outcome: Result<BrokerAnswer, BrokerError>,
         duration: Duration
     ) {
         guard logger.logLevel <= .debug else { return }
         var metadata: Logger.Metadata = [
-            "request": "\(request.type.name)", "peer.uid": "\(context.peer.uid)", "peer.pid": "\(context.peer.pid)",
+            "request": "\(command.name)", "peer.uid": "\(context.peer.uid)", "peer.pid": "\(context.peer.pid)",
             "client": "\(context.clientName)",
             "duration.us": "\(duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000)",
         ]
-        if let name = request.targetName { metadata["name"] = "\(name)" }
+        if let target = command.target { metadata["name"] = "\(target.name)" }
         switch outcome {
-        case .success(.writeResult(let result)):
+        case .success(.written(let result)):
             metadata["committed"] = "\(result.committed)"
             metadata["sequence"] = "\(result.sequence)"
         case .success: break
-        case .failure(let error): metadata["error.code"] = "\(error.code.name)"
+        case .failure(let error): metadata.merge(error.logMetadata) { $1 }
         }
         logger.debug("request", metadata: metadata)
-    }
-}
-
-extension ClientMessage {
-    /// The store or value a request names, if any.
-    var targetName: String? {
-        switch self {
-        case .getValue(let m): m.name
-        case .setValue(let m): m.name
-        case .resetValue(let m): m.name
-        case .subscribe(let m): m.name
-        default: storeName
-        }
     }
 }

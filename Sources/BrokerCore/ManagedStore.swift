@@ -1,10 +1,10 @@
 import DequeModule
 import Logging
 import Synchronization
-import Wire
+import StoreModel
 
 /// How the broker answers a request: once, from whatever thread finished it.
-public typealias Reply = @Sendable (Result<ServerMessage, WireError>) -> Void
+public typealias Reply = @Sendable (Result<BrokerAnswer, BrokerError>) -> Void
 
 /// A write waiting for the store's writer.
 struct PendingWrite: QueuedWrite {
@@ -48,7 +48,7 @@ final class ManagedStore: Sendable {
 
     private struct State: WriterState {
         var phase = Phase.unloaded
-        var waiting: [@Sendable (WireError?) -> Void] = []
+        var waiting: [@Sendable (BrokerError?) -> Void] = []
         var contents = StoreContents()
         /// 0 while the store does not exist.
         var epoch: UInt64 = 0
@@ -68,6 +68,7 @@ final class ManagedStore: Sendable {
         mutating func markLoadFailed() { phase = .unloaded }
 
         var info: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
+        var position: Position { Position(epoch: epoch, sequence: sequence) }
     }
 
     /// `stopping`: created during shutdown (a request that arrived late): it refuses writes from the start.
@@ -88,7 +89,7 @@ final class ManagedStore: Sendable {
     // MARK: Loading
 
     /// Runs `body` once the store is loaded (at once if it is), with the error if it cannot be.
-    func whenLoaded(_ body: @escaping @Sendable (WireError?) -> Void) {
+    func whenLoaded(_ body: @escaping @Sendable (BrokerError?) -> Void) {
         enum Action { case run, wait, load }
         let action = state.withLock { state -> Action in
             switch state.phase {
@@ -110,8 +111,8 @@ final class ManagedStore: Sendable {
     }
 
     /// Waits until the store is loaded.
-    func loaded() async throws(WireError) {
-        let failure: WireError? = await withCheckedContinuation { continuation in
+    func loaded() async throws(BrokerError) {
+        let failure: BrokerError? = await withCheckedContinuation { continuation in
             whenLoaded { continuation.resume(returning: $0) }
         }
         if let failure { throw failure }
@@ -122,7 +123,7 @@ final class ManagedStore: Sendable {
     }
 
     private func load() async {
-        do throws(WireError) {
+        do throws(BrokerError) {
             let loaded = try await place.load()
             let contents = StoreContents(records: loaded?.records.map(ItemRecord.init(engineRecord:)) ?? [])
             let sequence = loaded?.store.openedSequence ?? 0
@@ -150,7 +151,7 @@ final class ManagedStore: Sendable {
             for body in waiting { body(nil) }
             startWriterIfNeeded()
         } catch {
-            logger.error("cannot load store: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
+            logger.error("cannot load store: \(error.message)", metadata: error.logMetadata)
             // An unconditional drop queued behind the failure is the way out for an operator: writes before it
             // fail with the error, the store is deleted without being loaded, and what follows starts afresh.
             let (before, drop) = state.withLock { state -> ([PendingWrite], PendingWrite?) in
@@ -165,15 +166,15 @@ final class ManagedStore: Sendable {
             }
             guard let drop else { return state.failLoad(error) }
             for write in before { write.reply(.failure(error)) }
-            do throws(WireError) {
+            do throws(BrokerError) {
                 try await place.dropBroken()
             } catch {
-                logger.error("drop of a store that cannot be loaded failed: \(error.message)")
+                logger.error("drop of a store that cannot be loaded failed: \(error.message)", metadata: error.logMetadata)
                 drop.reply(.failure(error))
                 return state.failLoad(error)
             }
             logger.notice("store dropped without loading it")
-            drop.reply(.success(.writeResult(.init(committed: true, epoch: 0, sequence: 0))))
+            drop.reply(.success(.written(CommitResult(committed: true, epoch: 0, sequence: 0))))
             await load()
         }
     }
@@ -183,20 +184,18 @@ final class ManagedStore: Sendable {
     /// Answers from the committed state once loaded.
     private func read(
         _ reply: @escaping Reply,
-        _ body: @escaping @Sendable (borrowing StoreContents, _ epoch: UInt64, _ sequence: UInt64) -> Result<
-            ServerMessage, WireError
-        >
+        _ body: @escaping @Sendable (borrowing StoreContents, Position) -> Result<BrokerAnswer, BrokerError>
     ) {
         whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
-            reply(self.state.withLock { body($0.contents, $0.epoch, $0.sequence) })
+            reply(self.state.withLock { body($0.contents, Position(epoch: $0.epoch, sequence: $0.sequence)) })
         }
     }
 
     func info(_ reply: @escaping Reply) {
         whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
-            reply(.success(.storeInfoResult(.init(info: self.currentInfo()))))
+            reply(.success(.storeInfo(self.currentInfo())))
         }
     }
 
@@ -210,38 +209,38 @@ final class ManagedStore: Sendable {
     }
 
     func count(_ reply: @escaping Reply) {
-        read(reply) { contents, epoch, sequence in
-            .success(.countResult(.init(epoch: epoch, sequence: sequence, count: UInt64(contents.count))))
+        read(reply) { contents, position in
+            .success(.count(position, UInt64(contents.count)))
         }
     }
 
     func items(_ ids: [ItemID], _ reply: @escaping Reply) {
-        read(reply) { contents, epoch, sequence in
+        read(reply) { contents, position in
             let slots = ids.map { id in contents.record(id).map(ItemSlot.present) ?? .missing(id) }
-            return .success(.itemsResult(.init(epoch: epoch, sequence: sequence, elements: slots)))
+            return .success(.items(position, slots))
         }
     }
 
     func range(after cursor: ItemID?, limit: UInt32, _ reply: @escaping Reply) {
-        read(reply) { contents, epoch, sequence in
+        read(reply) { contents, position in
             guard let records = contents.records(after: cursor, limit: Int(limit)) else {
                 return .failure(Self.cursorGone(cursor, store: self.name))
             }
-            return .success(.rangeResult(.init(epoch: epoch, sequence: sequence, elements: records)))
+            return .success(.records(position, records))
         }
     }
 
     func ids(after cursor: ItemID?, limit: UInt32, _ reply: @escaping Reply) {
-        read(reply) { contents, epoch, sequence in
+        read(reply) { contents, position in
             guard let ids = contents.ids(after: cursor, limit: Int(limit)) else {
                 return .failure(Self.cursorGone(cursor, store: self.name))
             }
-            return .success(.idList(.init(epoch: epoch, sequence: sequence, elements: ids)))
+            return .success(.ids(position, ids))
         }
     }
 
-    private static func cursorGone(_ cursor: ItemID?, store: String) -> WireError {
-        WireError(
+    private static func cursorGone(_ cursor: ItemID?, store: String) -> BrokerError {
+        BrokerError(
             .cursorGone,
             "the cursor id \((cursor?.string ?? "").debugDescription) is no longer in store \(store); "
                 + "start again from the beginning")
@@ -265,28 +264,21 @@ final class ManagedStore: Sendable {
                         let oldest = state.history.oldestSequence, oldest <= sequence + 1
                     {
                         for event in state.history.events where event.sequence > sequence {
-                            subscription.offer(
-                                .storeEvent(event), epoch: event.epoch, sequence: event.sequence, force: true)
+                            subscription.offer(.storeEvent(event), at: event.position, force: true)
                         }
                     } else {
-                        subscription.offer(
-                            .historyGone(.init(epoch: state.epoch, sequence: state.sequence)), epoch: state.epoch,
-                            sequence: state.sequence, force: true)
+                        subscription.offer(.historyGone(state.position), at: state.position, force: true)
                         Self.offerSnapshot(state, to: subscription)
                     }
                 }
                 state.subscribers[ObjectIdentifier(subscription)] = subscription
             }
-            reply(.success(.subscribed(.init(subscriptionID: subscription.id))))
+            reply(.success(.subscribed(subscriptionID: subscription.id)))
         }
     }
 
     private static func offerSnapshot(_ state: borrowing State, to subscription: Subscription) {
-        let records = state.contents.records
-        subscription.offer(
-            .storeLoaded(
-                .init(epoch: state.epoch, sequence: state.sequence, count: UInt64(records.count), elements: records)),
-            epoch: state.epoch, sequence: state.sequence, force: true)
+        subscription.offer(.storeLoaded(state.position, state.contents.records), at: state.position, force: true)
     }
 
     func unsubscribe(_ subscription: Subscription) {
@@ -295,10 +287,9 @@ final class ManagedStore: Sendable {
     }
 
     /// Offers a push to every subscriber; forgets those that lagged or went away.
-    private static func broadcast(_ message: ServerMessage, epoch: UInt64, sequence: UInt64, in state: inout State) {
+    private static func broadcast(_ push: Push, at position: Position, in state: inout State) {
         var ended: [ObjectIdentifier] = []
-        for (key, subscription) in state.subscribers
-        where !subscription.offer(message, epoch: epoch, sequence: sequence) {
+        for (key, subscription) in state.subscribers where !subscription.offer(push, at: position) {
             ended.append(key)
         }
         for key in ended { state.subscribers.removeValue(forKey: key) }
@@ -314,7 +305,7 @@ final class ManagedStore: Sendable {
             return true
         }
         guard queued else {
-            return write.reply(.failure(WireError(.shuttingDown, "the broker is shutting down")))
+            return write.reply(.failure(BrokerError(.shuttingDown, "the broker is shutting down")))
         }
         whenLoaded { failure in
             if failure == nil { self.startWriterIfNeeded() }
@@ -370,12 +361,12 @@ final class ManagedStore: Sendable {
     }
 
     private enum Outcome {
-        case failed(WireError)
+        case failed(BrokerError)
         case unchanged(epoch: UInt64, sequence: UInt64)
         case committed(sequence: UInt64, events: [EventStep])
     }
 
-    private func conflict(_ condition: Condition, epoch: UInt64, sequence: UInt64) -> WireError? {
+    private func conflict(_ condition: Condition, epoch: UInt64, sequence: UInt64) -> BrokerError? {
         let holds: Bool
         switch condition {
         case .unconditional: holds = true
@@ -385,7 +376,7 @@ final class ManagedStore: Sendable {
         }
         if holds { return nil }
         let now = sequence == 0 ? "does not exist" : "is at sequence \(sequence) (epoch \(epoch))"
-        return WireError(.conflict, "store \(name) \(now); the write expected \(Self.describe(condition))")
+        return BrokerError(.conflict, "store \(name) \(now); the write expected \(Self.describe(condition))")
     }
 
     private static func describe(_ condition: Condition) -> String {
@@ -398,14 +389,14 @@ final class ManagedStore: Sendable {
     }
 
     /// The engine this store uses (the default engine for a store not created yet).
-    private func resolveEngine() throws(WireError) -> any StorageEngine {
+    private func resolveEngine() throws(BrokerError) -> any StorageEngine {
         if let engine = state.withLock({ $0.engine }) { return engine }
         return try environment.engines.engine(named: environment.configuration.defaultEngine)
     }
 
     private func commit(_ writes: [PendingWrite]) async {
         let engine: any StorageEngine
-        do throws(WireError) {
+        do throws(BrokerError) {
             engine = try resolveEngine()
         } catch {
             for write in writes { write.reply(.failure(error)) }
@@ -430,7 +421,7 @@ final class ManagedStore: Sendable {
                 if case .chain = operation, !atomic {
                     outcomes.append(
                         .failed(
-                            WireError(
+                            BrokerError(
                                 .notSupported,
                                 "engine \(engine.name) cannot apply a chain atomically, so store \(name) refuses chains"
                             )))
@@ -452,7 +443,7 @@ final class ManagedStore: Sendable {
             answer(writes, outcomes, epoch: epoch)
             return
         }
-        do throws(WireError) {
+        do throws(BrokerError) {
             let store = try await engineStore(engine, epoch: epoch)
             try await EnginePlace.engineCall { () throws(EngineFailure) in
                 try await store.apply(steps, sequence: finalSequence)
@@ -460,7 +451,7 @@ final class ManagedStore: Sendable {
         } catch {
             logger.error(
                 "commit failed, nothing changed: \(error.message)",
-                metadata: ["error.code": "\(error.code.name)", "requests": "\(writes.count)"])
+                metadata: error.logMetadata.merging(["requests": "\(writes.count)"]) { $1 })
             let failed = outcomes.map { outcome -> Outcome in
                 switch outcome {
                 case .failed: outcome
@@ -480,10 +471,10 @@ final class ManagedStore: Sendable {
             for outcome in outcomes {
                 guard case .committed(let sequence, let events) = outcome else { continue }
                 state.contents.apply(events)
-                let event = ServerMessage.StoreEvent(epoch: epoch, sequence: sequence, elements: events)
+                let event = StoreEvent(epoch: epoch, sequence: sequence, steps: events)
                 state.history.append(
                     event, maxCount: configuration.history, maxBytes: configuration.historyBytes)
-                Self.broadcast(.storeEvent(event), epoch: epoch, sequence: sequence, in: &state)
+                Self.broadcast(.storeEvent(event), at: event.position, in: &state)
                 for observer in environment.observers {
                     observer.storeCommitted(store: name, epoch: epoch, sequence: sequence, steps: events)
                 }
@@ -499,15 +490,15 @@ final class ManagedStore: Sendable {
             switch outcome {
             case .failed(let error): write.reply(.failure(error))
             case .unchanged(let epoch, let sequence):
-                write.reply(.success(.writeResult(.init(committed: false, epoch: epoch, sequence: sequence))))
+                write.reply(.success(.written(CommitResult(committed: false, epoch: epoch, sequence: sequence))))
             case .committed(let sequence, _):
-                write.reply(.success(.writeResult(.init(committed: true, epoch: epoch, sequence: sequence))))
+                write.reply(.success(.written(CommitResult(committed: true, epoch: epoch, sequence: sequence))))
             }
         }
     }
 
     /// The open engine store, creating the store (directory, manifest, engine files) on its first commit.
-    private func engineStore(_ engine: any StorageEngine, epoch: UInt64) async throws(WireError) -> any EngineStore {
+    private func engineStore(_ engine: any StorageEngine, epoch: UInt64) async throws(BrokerError) -> any EngineStore {
         let (open, existing) = state.withLock { ($0.engineStore, $0.manifest) }
         if let open { return open }
         let (manifest, store) = try await place.create(engine: engine, existing: existing, epoch: epoch)
@@ -526,9 +517,9 @@ final class ManagedStore: Sendable {
             return write.reply(.failure(conflict))
         }
         guard let manifest else {
-            return write.reply(.success(.writeResult(.init(committed: false, epoch: 0, sequence: 0))))
+            return write.reply(.success(.written(CommitResult(committed: false, epoch: 0, sequence: 0))))
         }
-        do throws(WireError) {
+        do throws(BrokerError) {
             if let store {
                 state.withLock { $0.engineStore = nil }
                 await store.close()
@@ -537,7 +528,7 @@ final class ManagedStore: Sendable {
             if let engine { dropper = engine } else { dropper = try environment.engines.engine(named: manifest.engine) }
             try await place.drop(engine: dropper)
         } catch {
-            logger.error("drop failed: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
+            logger.error("drop failed: \(error.message)", metadata: error.logMetadata)
             // Reload from whatever is left before the next request.
             state.withLock { $0.phase = .unloaded }
             return write.reply(.failure(error))
@@ -555,11 +546,11 @@ final class ManagedStore: Sendable {
             state.manifest = nil
             state.engine = nil
             state.history = EventHistory()
-            Self.broadcast(
-                .dropped(.init(epoch: info.epoch, sequence: info.sequence)), epoch: 0, sequence: 0, in: &state)
+            let dropped = Position(epoch: info.epoch, sequence: info.sequence)
+            Self.broadcast(.dropped(dropped), at: Position(epoch: 0, sequence: 0), in: &state)
         }
         logger.info("store dropped", metadata: ["epoch": "\(info.epoch)", "sequence": "\(info.sequence)"])
-        write.reply(.success(.writeResult(.init(committed: true, epoch: 0, sequence: 0))))
+        write.reply(.success(.written(CommitResult(committed: true, epoch: 0, sequence: 0))))
     }
 
     // MARK: Shutdown
@@ -579,13 +570,13 @@ extension ItemRecord {
 /// A store's recent events, for subscribers that resume: at most `maxCount` commits and `maxBytes` bytes
 /// (ids and payloads), the oldest dropped first.
 struct EventHistory {
-    private(set) var events = Deque<ServerMessage.StoreEvent>()
+    private(set) var events = Deque<StoreEvent>()
     private var sizes = Deque<Int>()
     private(set) var bytes = 0
 
     var oldestSequence: UInt64? { events.first?.sequence }
 
-    mutating func append(_ event: ServerMessage.StoreEvent, maxCount: Int, maxBytes: Int) {
+    mutating func append(_ event: StoreEvent, maxCount: Int, maxBytes: Int) {
         let size = Self.size(of: event)
         events.append(event)
         sizes.append(size)
@@ -598,9 +589,9 @@ struct EventHistory {
     }
 
     /// The bytes an event keeps alive: its ids and payloads, plus a little per record.
-    static func size(of event: ServerMessage.StoreEvent) -> Int {
+    static func size(of event: StoreEvent) -> Int {
         var total = 64
-        for step in event.elements {
+        for step in event.steps {
             switch step {
             case .insert(let records):
                 for record in records { total += 32 + record.id.string.utf8.count + record.payload.count }

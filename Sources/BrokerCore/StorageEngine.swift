@@ -1,5 +1,5 @@
 import NIOCore
-import Wire
+import StoreModel
 
 // The storage engine interface as the broker sees it. BrokerCore declares it and never loads anything;
 // EngineLoader implements it over engines loaded with dlopen (docs/ENGINE-ABI.md), and tests may implement it

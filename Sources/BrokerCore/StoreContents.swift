@@ -1,5 +1,5 @@
 import OrderedStorage
-import Wire
+import StoreModel
 
 /// The committed items of one store, in store order, as the broker holds them in memory.
 ///

@@ -1,6 +1,6 @@
 import DequeModule
 import Synchronization
-import Wire
+import StoreModel
 
 /// One subscriber's view of a store: the pushes it has yet to receive, in order, in a bounded buffer.
 ///
@@ -18,12 +18,11 @@ public final class Subscription: Sendable {
     private let state: Mutex<State>
 
     private struct State {
-        var queue = Deque<ServerMessage>()
+        var queue = Deque<Push>()
         var ended = false
         var wakePending = false
-        /// The epoch and sequence of the last push queued, for the `lagged` notice.
-        var epoch: UInt64 = 0
-        var sequence: UInt64 = 0
+        /// The position of the last push queued, for the `lagged` notice.
+        var position = Position(epoch: 0, sequence: 0)
     }
 
     /// `capacity` pushes may wait at once; `wake` is called (on whatever thread offered) when pushes arrive in
@@ -42,16 +41,15 @@ public final class Subscription: Sendable {
     /// Queues a push. `force` ignores the bound (the snapshot and the replayed history a subscription starts
     /// with). Returns `false` when the subscription is over (it lagged now, or was cancelled).
     @discardableResult
-    func offer(_ message: ServerMessage, epoch: UInt64, sequence: UInt64, force: Bool = false) -> Bool {
+    func offer(_ push: Push, at position: Position, force: Bool = false) -> Bool {
         let (alive, mustWake) = state.withLock { state -> (Bool, Bool) in
             guard !state.ended else { return (false, false) }
             if !force, state.queue.count >= capacity {
-                state.queue.append(.lagged(.init(epoch: state.epoch, sequence: state.sequence)))
+                state.queue.append(.lagged(state.position))
                 state.ended = true
             } else {
-                state.queue.append(message)
-                state.epoch = epoch
-                state.sequence = sequence
+                state.queue.append(push)
+                state.position = position
             }
             let mustWake = !state.wakePending
             state.wakePending = true
@@ -62,7 +60,7 @@ public final class Subscription: Sendable {
     }
 
     /// Up to `max` pushes, oldest first. When this empties the buffer, the next offer wakes the owner again.
-    public func take(max: Int) -> [ServerMessage] {
+    public func take(max: Int) -> [Push] {
         state.withLock { state in
             let count = Swift.min(max, state.queue.count)
             let out = Array(state.queue.prefix(count))
@@ -80,12 +78,13 @@ public final class Subscription: Sendable {
 
     /// Ends the subscription now, because `push` cannot be sent: what is queued is dropped, and the returned
     /// `lagged` notice (to send in its place) says where to resume: before that push's commit.
-    public func endBefore(_ push: ServerMessage) -> ServerMessage {
+    public func endBefore(_ push: Push) -> Push {
         cancel()
         switch push {
-        case .storeEvent(let event): return .lagged(.init(epoch: event.epoch, sequence: max(event.sequence, 1) - 1))
-        case .valueEvent(let event): return .lagged(.init(epoch: event.epoch, sequence: max(event.sequence, 1) - 1))
-        default: return .lagged(.init(epoch: 0, sequence: 0))  // a snapshot: resuming gets a fresh one
+        case .storeEvent(let event): return .lagged(Position(epoch: event.epoch, sequence: max(event.sequence, 1) - 1))
+        case .valueEvent(let position, _):
+            return .lagged(Position(epoch: position.epoch, sequence: max(position.sequence, 1) - 1))
+        default: return .lagged(Position(epoch: 0, sequence: 0))  // a snapshot: resuming gets a fresh one
         }
     }
 

@@ -2,13 +2,13 @@ import DequeModule
 import Logging
 import NIOCore
 import Synchronization
-import Wire
+import StoreModel
 
 /// Encrypts secure values at rest. The daemon implements it with AES-GCM (swift-crypto); `name` is bound to
 /// the ciphertext, so a sealed value cannot be moved to another name.
 public protocol ValueSealer: Sendable {
-    func seal(_ plaintext: ByteBuffer, name: String) throws(WireError) -> ByteBuffer
-    func open(_ sealed: ByteBuffer, name: String) throws(WireError) -> ByteBuffer
+    func seal(_ plaintext: ByteBuffer, name: String) throws(BrokerError) -> ByteBuffer
+    func open(_ sealed: ByteBuffer, name: String) throws(BrokerError) -> ByteBuffer
 }
 
 /// Every value of one namespace (values, or secure values): Boutique's @StoredValue across processes.
@@ -32,7 +32,7 @@ final class ValueSpace: Sendable {
     private struct State: WriterState {
         var loaded = false
         var loading = false
-        var waiting: [@Sendable (WireError?) -> Void] = []
+        var waiting: [@Sendable (BrokerError?) -> Void] = []
         var values: [String: Entry] = [:]
         /// 0 until the namespace's first commit.
         var epoch: UInt64 = 0
@@ -81,7 +81,7 @@ final class ValueSpace: Sendable {
 
     // MARK: Loading
 
-    private func whenLoaded(_ body: @escaping @Sendable (WireError?) -> Void) {
+    private func whenLoaded(_ body: @escaping @Sendable (BrokerError?) -> Void) {
         let (run, load) = state.withLock { state -> (Bool, Bool) in
             if state.loaded { return (true, false) }
             state.waiting.append(body)
@@ -93,7 +93,7 @@ final class ValueSpace: Sendable {
     }
 
     private func load() async {
-        do throws(WireError) {
+        do throws(BrokerError) {
             let loaded = try await place.load()
             var values: [String: Entry] = [:]
             for record in loaded?.records ?? [] {
@@ -117,13 +117,13 @@ final class ValueSpace: Sendable {
             for body in waiting { body(nil) }
             startWriterIfNeeded()
         } catch {
-            logger.error("cannot load: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
+            logger.error("cannot load: \(error.message)", metadata: error.logMetadata)
             state.failLoad(error)
         }
     }
 
     /// A record's payload: `u64 sequence, u8 state, bytes`.
-    private func encode(_ entry: Entry, name: String) throws(WireError) -> ByteBuffer {
+    private func encode(_ entry: Entry, name: String) throws(BrokerError) -> ByteBuffer {
         var out = ByteBuffer()
         out.writeInteger(entry.sequence)
         if let value = entry.value {
@@ -137,12 +137,12 @@ final class ValueSpace: Sendable {
         return out
     }
 
-    private func decode(_ payload: ByteBuffer, name: String) throws(WireError) -> Entry {
+    private func decode(_ payload: ByteBuffer, name: String) throws(BrokerError) -> Entry {
         var payload = payload
         guard let sequence = payload.readInteger(as: UInt64.self), let tag = payload.readInteger(as: UInt8.self),
             tag <= 1
         else {
-            throw WireError(.engineError, "the stored record of value \(name) is corrupt")
+            throw BrokerError(.engineError, "the stored record of value \(name) is corrupt")
         }
         guard tag == 1 else { return Entry(sequence: sequence, value: nil) }
         if let sealer { return Entry(sequence: sequence, value: try sealer.open(payload, name: name)) }
@@ -162,8 +162,8 @@ final class ValueSpace: Sendable {
             if let failure { return reply(.failure(failure)) }
             let answer = self.state.withLock { state in
                 let entry = state.values[name]
-                return ServerMessage.valueResult(
-                    .init(epoch: state.epoch, sequence: entry?.sequence ?? 0, state: self.state(of: entry, withheld: false)))
+                return BrokerAnswer.value(
+                    Position(epoch: state.epoch, sequence: entry?.sequence ?? 0), self.state(of: entry, withheld: false))
             }
             reply(.success(answer))
         }
@@ -175,24 +175,21 @@ final class ValueSpace: Sendable {
             let name = subscription.name
             self.state.withLock { state in
                 let entry = state.values[name]
-                let sequence = entry?.sequence ?? 0
-                let loaded = ServerMessage.valueLoaded(
-                    .init(epoch: state.epoch, sequence: sequence, state: self.state(of: entry, withheld: self.isSecure)))
+                let position = Position(epoch: state.epoch, sequence: entry?.sequence ?? 0)
+                let loaded = Push.valueLoaded(position, self.state(of: entry, withheld: self.isSecure))
                 switch start {
-                case .resume(let epoch, let resumeSequence) where epoch == state.epoch && resumeSequence == sequence:
+                case .resume(let epoch, let sequence) where epoch == position.epoch && sequence == position.sequence:
                     break  // nothing missed
                 case .resume:
                     // A value keeps no history but its latest state: anything else is "history gone".
-                    subscription.offer(
-                        .historyGone(.init(epoch: state.epoch, sequence: sequence)), epoch: state.epoch,
-                        sequence: sequence, force: true)
-                    subscription.offer(loaded, epoch: state.epoch, sequence: sequence, force: true)
+                    subscription.offer(.historyGone(position), at: position, force: true)
+                    subscription.offer(loaded, at: position, force: true)
                 case .snapshot:
-                    subscription.offer(loaded, epoch: state.epoch, sequence: sequence, force: true)
+                    subscription.offer(loaded, at: position, force: true)
                 }
                 state.subscribers[name, default: [:]][ObjectIdentifier(subscription)] = subscription
             }
-            reply(.success(.subscribed(.init(subscriptionID: subscription.id))))
+            reply(.success(.subscribed(subscriptionID: subscription.id)))
         }
     }
 
@@ -205,14 +202,14 @@ final class ValueSpace: Sendable {
 
     func submit(_ write: Write) {
         guard isSecure == false || sealer != nil else {
-            return write.reply(.failure(WireError(.notSupported, "this broker has no key for secure values")))
+            return write.reply(.failure(BrokerError(.notSupported, "this broker has no key for secure values")))
         }
         let queued = state.withLock { state -> Bool in
             guard !state.stopping else { return false }
             state.pending.append(write)
             return true
         }
-        guard queued else { return write.reply(.failure(WireError(.shuttingDown, "the broker is shutting down"))) }
+        guard queued else { return write.reply(.failure(BrokerError(.shuttingDown, "the broker is shutting down"))) }
         whenLoaded { failure in
             if failure == nil { self.startWriterIfNeeded() }
         }
@@ -248,12 +245,12 @@ final class ValueSpace: Sendable {
     }
 
     private enum Outcome {
-        case failed(WireError)
+        case failed(BrokerError)
         case unchanged(sequence: UInt64)
         case committed(name: String, entry: Entry)
     }
 
-    private func conflict(_ condition: Condition, name: String, entry: Entry?, epoch: UInt64) -> WireError? {
+    private func conflict(_ condition: Condition, name: String, entry: Entry?, epoch: UInt64) -> BrokerError? {
         let sequence = entry?.sequence ?? 0
         let holds: Bool
         switch condition {
@@ -272,20 +269,20 @@ final class ValueSpace: Sendable {
         case .epochSequence(let expectedEpoch, let expectedSequence):
             expected = "sequence \(expectedSequence) in epoch \(expectedEpoch)"
         }
-        return WireError(.conflict, "\(isSecure ? "secure value" : "value") \(name) \(now); the write expected \(expected)")
+        return BrokerError(.conflict, "\(isSecure ? "secure value" : "value") \(name) \(now); the write expected \(expected)")
     }
 
     private func commit(_ writes: [Write]) async {
         let now = currentTimeMilliseconds()
         // Plan each write against the values as the writes before it leave them.
-        let plan: Result<(outcomes: [Outcome], steps: [EngineStep], epoch: UInt64, commits: UInt64), WireError> =
+        let plan: Result<(outcomes: [Outcome], steps: [EngineStep], epoch: UInt64, commits: UInt64), BrokerError> =
             state.withLock { state in
                 var working: [String: Entry] = [:]
                 var epoch = state.epoch
                 var commits = state.commits
                 var outcomes: [Outcome] = []
                 var steps: [EngineStep] = []
-                do throws(WireError) {
+                do throws(BrokerError) {
                     for write in writes {
                         let entry = working[write.name] ?? state.values[write.name]
                         if let conflict = conflict(write.condition, name: write.name, entry: entry, epoch: epoch) {
@@ -320,13 +317,13 @@ final class ValueSpace: Sendable {
         case .success(let value): planned = value
         }
         if !planned.steps.isEmpty {
-            do throws(WireError) {
+            do throws(BrokerError) {
                 let store = try await engineStore(epoch: planned.epoch)
                 try await EnginePlace.engineCall { () throws(EngineFailure) in
                     try await store.apply(planned.steps, sequence: planned.commits)
                 }
             } catch {
-                logger.error("commit failed, nothing changed: \(error.message)", metadata: ["error.code": "\(error.code.name)"])
+                logger.error("commit failed, nothing changed: \(error.message)", metadata: error.logMetadata)
                 for (write, outcome) in zip(writes, planned.outcomes) {
                     if case .committed = outcome { write.reply(.failure(error)) } else { answer(write, outcome, epoch: planned.epoch) }
                 }
@@ -337,11 +334,11 @@ final class ValueSpace: Sendable {
                 for outcome in planned.outcomes {
                     guard case .committed(let name, let entry) = outcome else { continue }
                     state.values[name] = entry
-                    let event = ServerMessage.valueEvent(
-                        .init(epoch: planned.epoch, sequence: entry.sequence, state: self.state(of: entry, withheld: isSecure)))
+                    let position = Position(epoch: planned.epoch, sequence: entry.sequence)
+                    let event = Push.valueEvent(position, self.state(of: entry, withheld: isSecure))
                     var ended: [ObjectIdentifier] = []
                     for (key, subscription) in state.subscribers[name] ?? [:]
-                    where !subscription.offer(event, epoch: planned.epoch, sequence: entry.sequence) {
+                    where !subscription.offer(event, at: position) {
                         ended.append(key)
                     }
                     for key in ended { state.subscribers[name]?.removeValue(forKey: key) }
@@ -360,13 +357,13 @@ final class ValueSpace: Sendable {
         switch outcome {
         case .failed(let error): write.reply(.failure(error))
         case .unchanged(let sequence):
-            write.reply(.success(.writeResult(.init(committed: false, epoch: epoch, sequence: sequence))))
+            write.reply(.success(.written(CommitResult(committed: false, epoch: epoch, sequence: sequence))))
         case .committed(_, let entry):
-            write.reply(.success(.writeResult(.init(committed: true, epoch: epoch, sequence: entry.sequence))))
+            write.reply(.success(.written(CommitResult(committed: true, epoch: epoch, sequence: entry.sequence))))
         }
     }
 
-    private func engineStore(epoch: UInt64) async throws(WireError) -> any EngineStore {
+    private func engineStore(epoch: UInt64) async throws(BrokerError) -> any EngineStore {
         let (open, existing, known) = state.withLock { ($0.engineStore, $0.manifest, $0.engine) }
         if let open { return open }
         let engine: any StorageEngine

@@ -1,7 +1,7 @@
 import NIOCore
-import Wire
+import StoreModel
 
-/// A write request as the store's writer receives it.
+/// A change to a store's items, as the store's writer receives it.
 public enum WriteOperation: Sendable {
     case insert([Item])
     case remove([ItemID])

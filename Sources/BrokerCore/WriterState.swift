@@ -1,6 +1,6 @@
 import DequeModule
 import Synchronization
-import Wire
+import StoreModel
 
 // What a store's writer and a value namespace's writer share: failing a load and shutting down.
 
@@ -17,7 +17,7 @@ protocol WriterState {
     /// A writer task is running.
     var writing: Bool { get }
     /// Requests waiting for the load to finish.
-    var waiting: [@Sendable (WireError?) -> Void] { get set }
+    var waiting: [@Sendable (BrokerError?) -> Void] { get set }
     /// No new writes are accepted.
     var stopping: Bool { get set }
     /// Resumed when the writer goes idle.
@@ -37,7 +37,7 @@ extension WriterState {
 extension Mutex where Value: WriterState {
     /// A failed load: every request waiting for it and every write queued behind it gets the error, and a
     /// shutdown waiting for those writes goes on.
-    func failLoad(_ error: WireError) {
+    func failLoad(_ error: BrokerError) {
         let (waiting, writes, idle) = withLock { state in
             state.markLoadFailed()
             defer {

@@ -7,7 +7,7 @@ import DequeModule
 import Foundation
 import Logging
 import Synchronization
-import Wire
+import StoreModel
 
 /// Broadcasts commits as D-Bus signals (dconf's model: the only writer signals names, listeners fetch values).
 ///

@@ -70,7 +70,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private struct Held {
         var slot: UInt64
         var id: UInt32
-        var request: ClientMessage
+        var request: ConnectionRequest
     }
 
     init(
@@ -281,8 +281,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
                     closing = true
                     context.channel.closeAfterLastWord(context.writeAndFlush(wrapOutboundOut(error)))
                     return
-                case .request(let id, let request):
-                    accept(id: id, request)
+                case .request(let id, let message):
+                    accept(id: id, message)
                 }
             }
             // Answers given at once free their slots here, which may let more buffered requests in.
@@ -335,9 +335,13 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
     }
 
-    private func accept(id: UInt32, _ request: ClientMessage) {
+    private func accept(id: UInt32, _ message: ClientMessage) {
         let slot = base + UInt64(slots.count)
         slots.append(Slot(id: id, answer: nil))
+        guard let request = ConnectionRequest(message) else {
+            let error = WireError(.unexpectedMessage, "\(message.type.name) is only the first message of a connection")
+            return complete(slot: slot, id: id, .failure(error))
+        }
         if held.isEmpty, mayStart(request, slot: slot) {
             start(request, id: id, slot: slot)
         } else {
@@ -346,7 +350,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     /// A read waits for this connection's earlier writes, so a client reads its own writes.
-    private func mayStart(_ request: ClientMessage, slot: UInt64) -> Bool {
+    private func mayStart(_ request: ConnectionRequest, slot: UInt64) -> Bool {
         request.isWrite || (openWrites.min() ?? .max) > slot
     }
 
@@ -357,40 +361,45 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
     }
 
-    private func start(_ request: ClientMessage, id: UInt32, slot: UInt64) {
+    private func start(_ request: ConnectionRequest, id: UInt32, slot: UInt64) {
         switch request {
-        case .subscribe(let subscribe):
-            let subscriptionID = nextSubscriptionID
-            nextSubscriptionID &+= 1
-            if nextSubscriptionID == 0 { nextSubscriptionID = 1 }
-            let loop = NIOLoopBound(self, eventLoop: context!.eventLoop)
-            let subscription = Subscription(
-                id: subscriptionID, namespace: subscribe.namespace, name: subscribe.name, capacity: subscriberBuffer,
-                wake: { loop.eventLoop.execute { loop.value.drainSubscriptions() } })
-            subscriptions[subscriptionID] = subscription
-            slots[Int(slot - base)].opensSubscription = subscriptionID
-            broker.handle(
-                request, context: requestContext, subscription: subscription,
-                reply: replier(slot: slot, id: id, write: false))
-        case .unsubscribe(let unsubscribe):
-            if let subscription = subscriptions.removeValue(forKey: unsubscribe.subscriptionID) {
-                flowing.remove(unsubscribe.subscriptionID)
+        case .ping:
+            complete(slot: slot, id: id, .success(.pong(.init())))
+        case .command(let command):
+            if case .subscribe(let namespace, let name, _) = command {
+                let subscriptionID = nextSubscriptionID
+                nextSubscriptionID &+= 1
+                if nextSubscriptionID == 0 { nextSubscriptionID = 1 }
+                let loop = NIOLoopBound(self, eventLoop: context!.eventLoop)
+                let subscription = Subscription(
+                    id: subscriptionID, namespace: namespace, name: name, capacity: subscriberBuffer,
+                    wake: { loop.eventLoop.execute { loop.value.drainSubscriptions() } })
+                subscriptions[subscriptionID] = subscription
+                slots[Int(slot - base)].opensSubscription = subscriptionID
+                broker.handle(
+                    command, context: requestContext, subscription: subscription,
+                    reply: replier(slot: slot, id: id, write: false))
+            } else {
+                if command.isWrite { openWrites.insert(slot) }
+                broker.handle(command, context: requestContext, reply: replier(slot: slot, id: id, write: command.isWrite))
+            }
+        case .unsubscribe(let subscriptionID):
+            if let subscription = subscriptions.removeValue(forKey: subscriptionID) {
+                flowing.remove(subscriptionID)
                 broker.unsubscribe(subscription)
                 complete(slot: slot, id: id, .success(.unsubscribed(.init(subscriptionID: subscription.id))))
             } else {
                 complete(
                     slot: slot, id: id,
-                    .failure(WireError(.notFound, "no subscription \(unsubscribe.subscriptionID) on this connection")))
+                    .failure(WireError(.notFound, "no subscription \(subscriptionID) on this connection")))
             }
-        default:
-            if request.isWrite { openWrites.insert(slot) }
-            broker.handle(request, context: requestContext, reply: replier(slot: slot, id: id, write: request.isWrite))
         }
     }
 
     private func replier(slot: UInt64, id: UInt32, write: Bool) -> Reply {
         let loop = NIOLoopBound(self, eventLoop: context!.eventLoop)
-        return { result in
+        return { answer in
+            let result = answer.map(\.message).mapError(\.wireError)
             if loop.eventLoop.inEventLoop {
                 loop.value.complete(slot: slot, id: id, result, write: write)
             } else {
@@ -463,14 +472,14 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 for push in pushes {
                     var out = ByteBuffer()
                     do {
-                        try push.encode(id: subscriptionID, maxFrameLength: limits.maxFrameLength, into: &out)
+                        try push.message.encode(id: subscriptionID, maxFrameLength: limits.maxFrameLength, into: &out)
                     } catch {
                         // Never skipped (that would be a gap): the subscription ends with `lagged` in its place.
                         logger.warning(
                             "ending a subscription: a push cannot be sent: \(error.message)",
                             metadata: ["subscription": "\(subscriptionID)", "store": "\(subscription.name)"])
                         out.clear()
-                        try? subscription.endBefore(push).encode(
+                        try? subscription.endBefore(push).message.encode(
                             id: subscriptionID, maxFrameLength: limits.maxFrameLength, into: &out)
                         context.write(wrapOutboundOut(out), promise: nil)
                         wrote = true

@@ -62,24 +62,30 @@ struct KeyFileSealer: ValueSealer {
         return key
     }
 
-    func seal(_ plaintext: ByteBuffer, name: String) throws(WireError) -> ByteBuffer {
+    func seal(_ plaintext: ByteBuffer, name: String) throws(BrokerError) -> ByteBuffer {
         do {
             let box = try AES.GCM.seal(
                 Array(plaintext.readableBytesView), using: key, authenticating: Array(name.utf8))
-            guard let combined = box.combined else { throw WireError(.internalError, "AES-GCM gave no combined box") }
+            guard let combined = box.combined else {
+                throw BrokerError(.internalError, "cannot encrypt secure value \(name): AES-GCM gave no combined box")
+            }
             return ByteBuffer(bytes: combined)
+        } catch let error as BrokerError {
+            throw error
         } catch {
-            throw WireError(.internalError, "cannot encrypt secure value \(name): \(error)")
+            throw BrokerError(.internalError, "cannot encrypt secure value \(name): \(error)", underlying: error)
         }
     }
 
-    func open(_ sealed: ByteBuffer, name: String) throws(WireError) -> ByteBuffer {
+    func open(_ sealed: ByteBuffer, name: String) throws(BrokerError) -> ByteBuffer {
         do {
             let box = try AES.GCM.SealedBox(combined: Array(sealed.readableBytesView))
             return ByteBuffer(bytes: try AES.GCM.open(box, using: key, authenticating: Array(name.utf8)))
         } catch {
-            throw WireError(
-                .engineError, "cannot decrypt secure value \(name): the key file does not match the data, or it is corrupt")
+            throw BrokerError(
+                .engineError,
+                "cannot decrypt secure value \(name): the key file does not match the data, or it is corrupt",
+                underlying: error)
         }
     }
 }

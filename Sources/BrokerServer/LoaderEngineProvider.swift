@@ -6,11 +6,11 @@ import Wire
 struct LoaderEngineProvider: EngineProvider {
     let loader: EngineLoader
 
-    func engine(named name: String) throws(WireError) -> any StorageEngine {
+    func engine(named name: String) throws(BrokerError) -> any StorageEngine {
         do {
             return try loader.load(name)
         } catch {
-            throw WireError(.engineUnavailable, error.description)
+            throw BrokerError(.engineUnavailable, error.description, underlying: error)
         }
     }
 

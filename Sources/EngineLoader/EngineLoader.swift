@@ -1,7 +1,7 @@
 import BrokerCore
 import CStorageEngine
 import Synchronization
-import Wire
+import StoreModel
 
 #if canImport(Glibc)
 import Glibc

@@ -2,7 +2,7 @@ import BrokerCore
 import CStorageEngine
 import Dispatch
 import NIOCore
-import Wire
+import StoreModel
 
 #if canImport(Glibc)
 import Glibc

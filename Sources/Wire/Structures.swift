@@ -1,3 +1,4 @@
+@_exported import StoreModel
 import NIOCore
 
 /// A value with a wire encoding of its own, used inside message payloads.
@@ -59,18 +60,7 @@ extension Optional where Wrapped == ItemID {
     }
 }
 
-/// What a conditional write expects to find. `u8 tag`, then the tag's fields.
-public enum Condition: Hashable, Sendable, Codable {
-    /// Tag 0: write whatever the current state.
-    case unconditional
-    /// Tag 1, `u64 sequence`: the store (in its current epoch) or the value is at exactly this sequence.
-    case sequence(UInt64)
-    /// Tag 2: the store does not exist, or the value is unset.
-    case absent
-    /// Tag 3, `u64 epoch, u64 sequence`: the store or value is at this epoch and this sequence.
-    case epochSequence(epoch: UInt64, sequence: UInt64)
-}
-
+/// `u8 tag`, then the tag's fields: 0 unconditional; 1 `u64 sequence`; 2 absent; 3 `u64 epoch, u64 sequence`.
 extension Condition: WireCodable {
     public static var minEncodedLength: Int { 1 }
 
@@ -97,24 +87,7 @@ extension Condition: WireCodable {
     }
 }
 
-/// Which namespace a name lives in. `u8`.
-public enum Namespace: UInt8, Hashable, Sendable, Codable, CaseIterable {
-    /// Stores of items.
-    case store = 0
-    /// Values (Boutique's @StoredValue).
-    case value = 1
-    /// Secure values (@SecurelyStoredValue): encrypted at rest, never sent in pushes.
-    case secureValue = 2
-}
-
-/// Where a subscription starts. `u8 tag`, then the tag's fields.
-public enum SubscriptionStart: Hashable, Sendable, Codable {
-    /// Tag 0: a `loaded` snapshot first, then every later event.
-    case snapshot
-    /// Tag 1, `u64 epoch, u64 sequence`: every event after this one, or `historyGone` then a snapshot.
-    case resume(epoch: UInt64, sequence: UInt64)
-}
-
+/// `u8 tag`, then the tag's fields: 0 snapshot; 1 resume, `u64 epoch, u64 sequence`.
 extension SubscriptionStart: WireCodable {
     public static var minEncodedLength: Int { 1 }
 
@@ -137,16 +110,7 @@ extension SubscriptionStart: WireCodable {
     }
 }
 
-/// The state of a value or secure value. `u8 tag`, then the tag's fields.
-public enum ValueState: Hashable, Sendable, Codable {
-    /// Tag 0: unset (never set, or reset).
-    case unset
-    /// Tag 1, `bytes value`: set, with its bytes.
-    case set(Payload)
-    /// Tag 2: set, bytes withheld (a secure value in a push).
-    case setWithheld
-}
-
+/// `u8 tag`, then the tag's fields: 0 unset; 1 set, `bytes value`; 2 set, bytes withheld.
 extension ValueState: WireCodable {
     public static var minEncodedLength: Int { 1 }
 
@@ -171,20 +135,11 @@ extension ValueState: WireCodable {
 }
 
 /// An item as a client writes it: `ItemID id, bytes payload`.
-public struct Item: WireCodable {
-    public var id: ItemID
-    public var payload: Payload
-
-    public init(id: ItemID, payload: Payload) {
-        self.id = id
-        self.payload = payload
-    }
-
+extension Item: WireCodable {
     public static var minEncodedLength: Int { 2 + 4 }
 
     public init(wire buffer: inout ByteBuffer) throws(WireError) {
-        id = try ItemID(wire: &buffer)
-        payload = Payload(try buffer.readWireBytes("payload"))
+        self.init(id: try ItemID(wire: &buffer), payload: Payload(try buffer.readWireBytes("payload")))
     }
 
     public func encode(wire buffer: inout ByteBuffer) throws(WireError) {
@@ -195,26 +150,13 @@ public struct Item: WireCodable {
 
 /// An item as the broker holds it: `ItemID id, u64 createdAt, u64 updatedAt, bytes payload`.
 /// Times are milliseconds since the Unix epoch, stamped by the daemon.
-public struct ItemRecord: WireCodable {
-    public var id: ItemID
-    public var createdAt: UInt64
-    public var updatedAt: UInt64
-    public var payload: Payload
-
-    public init(id: ItemID, createdAt: UInt64, updatedAt: UInt64, payload: Payload) {
-        self.id = id
-        self.createdAt = createdAt
-        self.updatedAt = updatedAt
-        self.payload = payload
-    }
-
+extension ItemRecord: WireCodable {
     public static var minEncodedLength: Int { 2 + 8 + 8 + 4 }
 
     public init(wire buffer: inout ByteBuffer) throws(WireError) {
-        id = try ItemID(wire: &buffer)
-        createdAt = try buffer.readWire(UInt64.self, "createdAt")
-        updatedAt = try buffer.readWire(UInt64.self, "updatedAt")
-        payload = Payload(try buffer.readWireBytes("payload"))
+        self.init(
+            id: try ItemID(wire: &buffer), createdAt: try buffer.readWire(UInt64.self, "createdAt"),
+            updatedAt: try buffer.readWire(UInt64.self, "updatedAt"), payload: Payload(try buffer.readWireBytes("payload")))
     }
 
     public func encode(wire buffer: inout ByteBuffer) throws(WireError) {
@@ -226,10 +168,7 @@ public struct ItemRecord: WireCodable {
 
 /// One answer slot of a get-by-ids, in request order. `u8 tag`: 0 then `ItemID` (missing), 1 then
 /// `ItemRecord` (present).
-public enum ItemSlot: WireCodable {
-    case missing(ItemID)
-    case present(ItemRecord)
-
+extension ItemSlot: WireCodable {
     public static var minEncodedLength: Int { 1 + 2 }
 
     public init(wire buffer: inout ByteBuffer) throws(WireError) {
@@ -249,11 +188,7 @@ public enum ItemSlot: WireCodable {
 }
 
 /// One step of a chain. `u8 op`: 1 insert then `list<Item>`, 2 remove then `list<ItemID>`, 3 removeAll.
-public enum ChainStep: WireCodable {
-    case insert(items: [Item])
-    case remove(ids: [ItemID])
-    case removeAll
-
+extension ChainStep: WireCodable {
     public static var minEncodedLength: Int { 1 }
 
     public init(wire buffer: inout ByteBuffer) throws(WireError) {
@@ -281,10 +216,7 @@ public enum ChainStep: WireCodable {
 
 /// One step of a committed event. `u8 op`: 1 insert then `list<ItemRecord>`, 2 remove then `list<ItemID>`.
 /// A removeAll is sent as a remove of every id it removed.
-public enum EventStep: WireCodable {
-    case insert(records: [ItemRecord])
-    case remove(ids: [ItemID])
-
+extension EventStep: WireCodable {
     public static var minEncodedLength: Int { 1 + 4 }
 
     public init(wire buffer: inout ByteBuffer) throws(WireError) {
@@ -339,36 +271,14 @@ public enum EventStep: WireCodable {
 
 /// `text name, u64 epoch, u64 sequence, u64 count, text engine`. A store that does not exist has epoch 0,
 /// sequence 0, count 0 and an empty engine name.
-public struct StoreInfo: WireCodable {
-    public var name: String
-    public var epoch: UInt64
-    public var sequence: UInt64
-    public var count: UInt64
-    public var engine: String
-
-    public init(name: String, epoch: UInt64, sequence: UInt64, count: UInt64, engine: String) {
-        self.name = name
-        self.epoch = epoch
-        self.sequence = sequence
-        self.count = count
-        self.engine = engine
-    }
-
+extension StoreInfo: WireCodable {
     public static var minEncodedLength: Int { 2 + 8 + 8 + 8 + 2 }
 
-    /// The epoch of a store that cannot be served whose manifest cannot be read either.
-    public static let unknownEpoch = UInt64.max
-
-    /// The store exists but cannot be served (its engine cannot be loaded, its files are lost or damaged):
-    /// listed with an epoch and sequence 0, a combination no healthy store has. A request on it says why.
-    public var isBroken: Bool { epoch != 0 && sequence == 0 }
-
     public init(wire buffer: inout ByteBuffer) throws(WireError) {
-        name = try buffer.readWireText("store name")
-        epoch = try buffer.readWire(UInt64.self, "epoch")
-        sequence = try buffer.readWire(UInt64.self, "sequence")
-        count = try buffer.readWire(UInt64.self, "count")
-        engine = try buffer.readWireText("engine name")
+        self.init(
+            name: try buffer.readWireText("store name"), epoch: try buffer.readWire(UInt64.self, "epoch"),
+            sequence: try buffer.readWire(UInt64.self, "sequence"), count: try buffer.readWire(UInt64.self, "count"),
+            engine: try buffer.readWireText("engine name"))
     }
 
     public func encode(wire buffer: inout ByteBuffer) throws(WireError) {
@@ -378,65 +288,20 @@ public struct StoreInfo: WireCodable {
     }
 }
 
-/// `u8`: how an engine file on the search path stands.
-public enum EngineStatus: UInt8, Hashable, Sendable, Codable {
-    /// 0: a file on the search path that passes the checks made before loading; not opened, so its version and
-    /// ABI are not known (a listing never loads a file: that would run its code).
-    case found = 0
-    /// 1: loaded by the daemon; version and ABI are the engine's.
-    case loaded = 1
-    /// 2: refused; `detail` says why (unsafe permissions, not an engine, a wrong ABI, shadowed...).
-    case refused = 2
-}
-
-/// `u32` capability bits an engine reports.
-public struct EngineCapabilities: OptionSet, Hashable, Sendable, Codable {
-    public var rawValue: UInt32
-
-    public init(rawValue: UInt32) {
-        self.rawValue = rawValue
-    }
-
-    /// Bit 0: data survives a restart.
-    public static let persistent = EngineCapabilities(rawValue: 1 << 0)
-    /// Bit 1: `apply` is all-or-nothing, so chains are allowed.
-    public static let atomic = EngineCapabilities(rawValue: 1 << 1)
-}
+// EngineStatus is a `u8` (0 found, 1 loaded, 2 refused); EngineCapabilities a `u32` of bits (0 persistent, 1 atomic).
 
 /// `text name, text path, u8 status, u16 abiMajor, u16 abiMinor, u32 capabilities, text detail`.
 /// `detail` is the engine's version text, or why it cannot be used.
-public struct EngineInfo: WireCodable {
-    public var name: String
-    public var path: String
-    public var status: EngineStatus
-    public var abiMajor: UInt16
-    public var abiMinor: UInt16
-    public var capabilities: EngineCapabilities
-    public var detail: String
-
-    public init(
-        name: String, path: String, status: EngineStatus, abiMajor: UInt16, abiMinor: UInt16,
-        capabilities: EngineCapabilities, detail: String
-    ) {
-        self.name = name
-        self.path = path
-        self.status = status
-        self.abiMajor = abiMajor
-        self.abiMinor = abiMinor
-        self.capabilities = capabilities
-        self.detail = detail
-    }
-
+extension EngineInfo: WireCodable {
     public static var minEncodedLength: Int { 2 + 2 + 1 + 2 + 2 + 4 + 2 }
 
     public init(wire buffer: inout ByteBuffer) throws(WireError) {
-        name = try buffer.readWireText("engine name")
-        path = try buffer.readWireText("engine path")
-        status = try buffer.readWireEnum(EngineStatus.self, "engine status")
-        abiMajor = try buffer.readWire(UInt16.self, "abiMajor")
-        abiMinor = try buffer.readWire(UInt16.self, "abiMinor")
-        capabilities = EngineCapabilities(rawValue: try buffer.readWire(UInt32.self, "capabilities"))
-        detail = try buffer.readWireText("engine detail")
+        self.init(
+            name: try buffer.readWireText("engine name"), path: try buffer.readWireText("engine path"),
+            status: try buffer.readWireEnum(EngineStatus.self, "engine status"),
+            abiMajor: try buffer.readWire(UInt16.self, "abiMajor"), abiMinor: try buffer.readWire(UInt16.self, "abiMinor"),
+            capabilities: EngineCapabilities(rawValue: try buffer.readWire(UInt32.self, "capabilities")),
+            detail: try buffer.readWireText("engine detail"))
     }
 
     public func encode(wire buffer: inout ByteBuffer) throws(WireError) {

@@ -3,8 +3,8 @@ import Foundation
 import Logging
 import NIOCore
 import Testing
+import StoreModel
 import TestSupport
-import Wire
 
 /// A broker over `TestEngine` in a temporary data directory.
 private func withBroker(
@@ -20,7 +20,7 @@ private func withBroker(
     }
 }
 
-private func ask(_ broker: Broker, _ request: ClientMessage) async -> Result<ServerMessage, WireError> {
+private func ask(_ broker: Broker, _ request: BrokerCommand) async -> Result<BrokerAnswer, BrokerError> {
     await withCheckedContinuation { continuation in broker.handle(request) { continuation.resume(returning: $0) } }
 }
 
@@ -29,34 +29,34 @@ private func item(_ id: String, _ payload: String = "{}") -> Item {
 }
 
 private func records(_ broker: Broker, _ store: String) async throws -> [ItemRecord] {
-    guard case .success(.rangeResult(let range)) = await ask(broker, .queryRange(.init(store: store))) else {
-        throw WireError(.internalError, "no range")
+    guard case .success(.records(_, let records)) = await ask(broker, .range(store: store, after: nil, limit: 0)) else {
+        throw BrokerError(.internalError, "no range")
     }
-    return range.elements
+    return records
 }
 
-private func sequence(of result: Result<ServerMessage, WireError>) -> UInt64? {
-    if case .success(.writeResult(let write)) = result, write.committed { return write.sequence }
+private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
+    if case .success(.written(let write)) = result, write.committed { return write.sequence }
     return nil
 }
 
 @Suite struct StoreSemantics {
     @Test func insertReplacesInPlaceDeduplicatesBatchesAndReinsertedIdsGoLast() async throws {
         try await withBroker { broker, _ in
-            #expect(sequence(of: await ask(broker, .insert(.init(store: "s", items: [item("a", "1"), item("b", "1"), item("a", "2")])))) == 1)
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a", "1"), item("b", "1"), item("a", "2")])))) == 1)
             var all = try await records(broker, "s")
             #expect(all.map(\.id) == ["a", "b"])
             #expect(all.map { String(buffer: $0.payload.bytes) } == ["2", "1"])
             let createdA = all[0].createdAt
 
-            #expect(sequence(of: await ask(broker, .insert(.init(store: "s", items: [item("a", "3"), item("c")])))) == 2)
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a", "3"), item("c")])))) == 2)
             all = try await records(broker, "s")
             #expect(all.map(\.id) == ["a", "b", "c"])
             #expect(all[0].createdAt == createdA && String(buffer: all[0].payload.bytes) == "3")
 
-            #expect(sequence(of: await ask(broker, .remove(.init(store: "s", ids: ["a", "zz"])))) == 3)
+            #expect(sequence(of: await ask(broker, .write(store: "s", .remove(["a", "zz"])))) == 3)
             try await Task.sleep(for: .milliseconds(2))
-            #expect(sequence(of: await ask(broker, .insert(.init(store: "s", items: [item("a", "4")])))) == 4)
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a", "4")])))) == 4)
             all = try await records(broker, "s")
             #expect(all.map(\.id) == ["b", "c", "a"])
             #expect(all[2].createdAt > createdA)
@@ -65,34 +65,34 @@ private func sequence(of result: Result<ServerMessage, WireError>) -> UInt64? {
 
     @Test func requestsThatChangeNothingTakeNoSequence() async throws {
         try await withBroker { broker, engine in
-            let unchanged: [ClientMessage] = [
-                .insert(.init(store: "s", items: [])), .remove(.init(store: "s", ids: ["x"])),
-                .removeAll(.init(store: "s")), .chain(.init(store: "s", steps: [.remove(ids: ["x"]), .removeAll])),
-                .drop(.init(store: "s")),
+            let unchanged: [BrokerCommand] = [
+                .write(store: "s", .insert([])), .write(store: "s", .remove(["x"])),
+                .write(store: "s", .removeAll), .write(store: "s", .chain([.remove(ids: ["x"]), .removeAll])),
+                .drop(store: "s"),
             ]
             for request in unchanged {
-                guard case .success(.writeResult(let result)) = await ask(broker, request) else {
-                    Issue.record("\(request.type.name) failed")
+                guard case .success(.written(let result)) = await ask(broker, request) else {
+                    Issue.record("\(request.name) failed")
                     continue
                 }
                 #expect(!result.committed && result.sequence == 0 && result.epoch == 0)
             }
             #expect(engine.state.withLock { $0.applies.isEmpty })
-            guard case .success(.storeList(let list)) = await ask(broker, .listStores(.init())) else { return }
-            #expect(list.elements.isEmpty)
+            guard case .success(.stores(let list)) = await ask(broker, .listStores) else { return }
+            #expect(list.isEmpty)
         }
     }
 
     @Test func chainsAreOneCommitWithTheirStepsInOrder() async throws {
         try await withBroker { broker, engine in
-            _ = await ask(broker, .insert(.init(store: "s", items: [item("x"), item("y")])))
+            _ = await ask(broker, .write(store: "s", .insert([item("x"), item("y")])))
             let subscription = Subscription(id: 1, namespace: .store, name: "s", capacity: 100, wake: {})
             _ = await withCheckedContinuation { c in
-                broker.handle(.subscribe(.init(name: "s")), subscription: subscription) { c.resume(returning: $0) }
+                broker.handle(.subscribe(namespace: .store, name: "s", start: .snapshot), subscription: subscription) { c.resume(returning: $0) }
             }
             let result = await ask(
                 broker,
-                .chain(.init(store: "s", steps: [.removeAll, .insert(items: [item("a"), item("b")]), .remove(ids: ["a", "q"]), .insert(items: [item("a")])])))
+                .write(store: "s", .chain([.removeAll, .insert(items: [item("a"), item("b")]), .remove(ids: ["a", "q"]), .insert(items: [item("a")])])))
             #expect(sequence(of: result) == 2)
             let ids = try await records(broker, "s").map(\.id)
             #expect(ids == ["b", "a"])
@@ -101,7 +101,7 @@ private func sequence(of result: Result<ServerMessage, WireError>) -> UInt64? {
             #expect(pushes.count == 2)
             guard case .storeEvent(let event) = pushes[1] else { return }
             #expect(event.sequence == 2)
-            let shape = event.elements.map { step -> String in
+            let shape = event.steps.map { step -> String in
                 switch step {
                 case .insert(let records): "+" + records.map(\.id.string).joined()
                 case .remove(let ids): "-" + ids.map(\.string).joined()
@@ -113,15 +113,15 @@ private func sequence(of result: Result<ServerMessage, WireError>) -> UInt64? {
 
     @Test func readsNeverWaitForACommitAndConcurrentWritesShareOneTransaction() async throws {
         try await withBroker { broker, engine in
-            _ = await ask(broker, .insert(.init(store: "s", items: [item("first")])))
+            _ = await ask(broker, .write(store: "s", .insert([item("first")])))
             engine.hold()
             let answers = Answers()
-            broker.handle(.insert(.init(store: "s", items: [item("w1")]))) { answers.add(0, $0) }
+            broker.handle(.write(store: "s", .insert([item("w1")]))) { answers.add(0, $0) }
             #expect(await engine.waitForApplies(2))
             // The engine is stuck in a commit: reads still answer at once, from the committed state.
             #expect(try await records(broker, "s").map(\.id) == ["first"])
             for n in 1...9 {
-                broker.handle(.insert(.init(store: "s", items: [item("w\(n + 1)")]))) { answers.add(n, $0) }
+                broker.handle(.write(store: "s", .insert([item("w\(n + 1)")]))) { answers.add(n, $0) }
             }
             engine.release()
             #expect(await engine.waitForApplies(3))
@@ -137,9 +137,9 @@ private func sequence(of result: Result<ServerMessage, WireError>) -> UInt64? {
 
     @Test func aFailedCommitChangesNothingInMemory() async throws {
         try await withBroker { broker, engine in
-            _ = await ask(broker, .insert(.init(store: "s", items: [item("a")])))
+            _ = await ask(broker, .write(store: "s", .insert([item("a")])))
             engine.state.withLock { $0.failNext = true }
-            let failed = await ask(broker, .chain(.init(store: "s", steps: [.removeAll, .insert(items: [item("b")])])))
+            let failed = await ask(broker, .write(store: "s", .chain([.removeAll, .insert(items: [item("b")])])))
             guard case .failure(let error) = failed else {
                 Issue.record("the commit did not fail")
                 return
@@ -147,21 +147,21 @@ private func sequence(of result: Result<ServerMessage, WireError>) -> UInt64? {
             #expect(error.code == .engineError && error.message.contains("fire"))
             let ids = try await records(broker, "s").map(\.id)
             #expect(ids == ["a"])
-            #expect(sequence(of: await ask(broker, .insert(.init(store: "s", items: [item("c")])))) == 2)
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("c")])))) == 2)
         }
     }
 
     @Test func conditionsCompareWithTheSequenceAtTheirTurn() async throws {
         try await withBroker { broker, _ in
-            #expect(sequence(of: await ask(broker, .insert(.init(store: "s", condition: .absent, items: [item("a")])))) == 1)
-            guard case .failure(let conflict) = await ask(broker, .insert(.init(store: "s", condition: .absent, items: [item("b")]))) else {
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a")]), condition: .absent))) == 1)
+            guard case .failure(let conflict) = await ask(broker, .write(store: "s", .insert([item("b")]), condition: .absent)) else {
                 Issue.record("no conflict")
                 return
             }
             #expect(conflict.code == .conflict)
-            #expect(sequence(of: await ask(broker, .removeAll(.init(store: "s", condition: .sequence(1))))) == 2)
-            guard case .success(.countResult(let count)) = await ask(broker, .count(.init(store: "s"))) else { return }
-            #expect(count.count == 0 && count.sequence == 2)
+            #expect(sequence(of: await ask(broker, .write(store: "s", .removeAll, condition: .sequence(1)))) == 2)
+            guard case .success(.count(let position, let count)) = await ask(broker, .count(store: "s")) else { return }
+            #expect(count == 0 && position.sequence == 2)
         }
     }
 }
@@ -169,29 +169,33 @@ private func sequence(of result: Result<ServerMessage, WireError>) -> UInt64? {
 @Suite struct Subscriptions {
     @Test func aFullBufferEndsTheSubscriptionWithLaggedAfterWhatItHolds() {
         let subscription = Subscription(id: 3, namespace: .store, name: "s", capacity: 2, wake: {})
-        let event = { (n: UInt64) in ServerMessage.storeEvent(.init(epoch: 9, sequence: n, elements: [])) }
+        let event = { (n: UInt64) in Push.storeEvent(StoreEvent(epoch: 9, sequence: n, steps: [])) }
         #expect(subscriptionOffer(subscription, event(1), 1))
         #expect(subscriptionOffer(subscription, event(2), 2))
         #expect(!subscriptionOffer(subscription, event(3), 3))
         #expect(!subscriptionOffer(subscription, event(4), 4))
         let pushes = subscription.take(max: 10)
         #expect(pushes.count == 3)
-        #expect(pushes.last == .lagged(.init(epoch: 9, sequence: 2)))
+        guard case .lagged(let position) = pushes.last else {
+            Issue.record("the last push is not lagged")
+            return
+        }
+        #expect(position == Position(epoch: 9, sequence: 2))
         #expect(subscription.isEnded)
     }
 }
 
 /// `offer` is internal (only stores offer); the test reaches it through `@testable`.
-private func subscriptionOffer(_ subscription: Subscription, _ message: ServerMessage, _ sequence: UInt64) -> Bool {
-    subscription.offer(message, epoch: 9, sequence: sequence)
+private func subscriptionOffer(_ subscription: Subscription, _ push: Push, _ sequence: UInt64) -> Bool {
+    subscription.offer(push, at: Position(epoch: 9, sequence: sequence))
 }
 
 /// Answers arriving from the broker's threads.
 private final class Answers: @unchecked Sendable {
     private let lock = NSLock()
-    private var results: [Int: Result<ServerMessage, WireError>] = [:]
+    private var results: [Int: Result<BrokerAnswer, BrokerError>] = [:]
 
-    func add(_ index: Int, _ result: Result<ServerMessage, WireError>) { lock.withLock { results[index] = result } }
+    func add(_ index: Int, _ result: Result<BrokerAnswer, BrokerError>) { lock.withLock { results[index] = result } }
 
     var sequences: [UInt64?] { lock.withLock { (0..<results.count).map { sequence(of: results[$0]!) } } }
 
@@ -200,7 +204,7 @@ private final class Answers: @unchecked Sendable {
             if lock.withLock({ results.count }) >= count { return }
             try await Task.sleep(for: .milliseconds(5))
         }
-        throw WireError(.internalError, "only \(lock.withLock { results.count }) answers")
+        throw BrokerError(.internalError, "only \(lock.withLock { results.count }) answers")
     }
 }
 
@@ -214,14 +218,14 @@ private final class Answers: @unchecked Sendable {
             let configuration = BrokerConfiguration(dataDirectory: directory, defaultEngine: "test")
             let logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
             let first = try Broker(configuration: configuration, engines: engine, logger: logger)
-            #expect(sequence(of: await ask(first, .insert(.init(store: "s", items: [item("a")])))) == 1)
+            #expect(sequence(of: await ask(first, .write(store: "s", .insert([item("a")])))) == 1)
             await first.shutdown()
 
             let broker = try Broker(configuration: configuration, engines: engine, logger: logger)
             let opensBefore = engine.state.withLock { $0.opensStarted }
             let closesBefore = engine.state.withLock { $0.closes }
             engine.holdOpens()
-            let answer = Task { await ask(broker, .count(.init(store: "s"))) }
+            let answer = Task { await ask(broker, .count(store: "s")) }
             for _ in 0..<2000 where engine.state.withLock({ $0.opensStarted }) == opensBefore {
                 try await Task.sleep(for: .milliseconds(5))
             }

@@ -4,31 +4,31 @@ import Logging
 import NIOCore
 import Synchronization
 import Testing
+import StoreModel
 import TestSupport
-import Wire
 
 /// Records what it is asked, and rejects what `rejects` says.
 private final class Recorder: RequestInterceptor, @unchecked Sendable {
     let name: String
     let log: Mutex<[String]>
     let shared: Journal
-    let rejects: @Sendable (ClientMessage) -> WireError?
+    let rejects: @Sendable (BrokerCommand) -> BrokerError?
 
-    init(_ name: String, journal: Journal, rejects: @escaping @Sendable (ClientMessage) -> WireError? = { _ in nil }) {
+    init(_ name: String, journal: Journal, rejects: @escaping @Sendable (BrokerCommand) -> BrokerError? = { _ in nil }) {
         self.name = name
         self.shared = journal
         self.log = Mutex([])
         self.rejects = rejects
     }
 
-    func check(_ request: ClientMessage, context: RequestContext) -> WireError? {
+    func check(_ request: BrokerCommand, context: RequestContext) -> BrokerError? {
         shared.add("check \(name)")
         return rejects(request)
     }
 
-    func observe(_ request: ClientMessage, context: RequestContext, outcome: Result<ServerMessage, WireError>, duration: Duration) {
+    func observe(_ request: BrokerCommand, context: RequestContext, outcome: Result<BrokerAnswer, BrokerError>, duration: Duration) {
         switch outcome {
-        case .success(let message): shared.add("observe \(name) \(message.type.name)")
+        case .success(let answer): shared.add("observe \(name) \(answer.name)")
         case .failure(let error): shared.add("observe \(name) \(error.code.name)")
         }
     }
@@ -45,13 +45,13 @@ private final class Journal: Sendable {
     }
 }
 
-private func ask(_ broker: Broker, _ request: ClientMessage, _ context: RequestContext = .owner) async -> Result<ServerMessage, WireError> {
+private func ask(_ broker: Broker, _ request: BrokerCommand, _ context: RequestContext = .owner) async -> Result<BrokerAnswer, BrokerError> {
     await withCheckedContinuation { continuation in
         broker.handle(request, context: context) { continuation.resume(returning: $0) }
     }
 }
 
-private func code(_ result: Result<ServerMessage, WireError>) -> ErrorCode? {
+private func code(_ result: Result<BrokerAnswer, BrokerError>) -> BrokerError.Code? {
     if case .failure(let error) = result { return error.code }
     return nil
 }
@@ -76,15 +76,15 @@ private func withBroker(
         let chain: [any RequestInterceptor] = [
             Recorder("first", journal: journal),
             Recorder("second", journal: journal, rejects: { request in
-                if case .count = request { return WireError(.permissionDenied, "no counting") }
+                if case .count = request { return BrokerError(.permissionDenied, "no counting") }
                 return nil
             }),
             Recorder("third", journal: journal),
         ]
         try await withBroker(interceptors: { _ in chain }) { broker in
-            _ = await ask(broker, .ping(.init()))
-            #expect(journal.take() == ["check first", "check second", "check third", "observe first pong", "observe second pong", "observe third pong"])
-            let refused = await ask(broker, .count(.init(store: "s")))
+            _ = await ask(broker, .listEngines)
+            #expect(journal.take() == ["check first", "check second", "check third", "observe first engines", "observe second engines", "observe third engines"])
+            let refused = await ask(broker, .count(store: "s"))
             #expect(code(refused) == .permissionDenied)
             #expect(
                 journal.take() == [
@@ -101,7 +101,7 @@ private func withBroker(
             let readOnly = RequestContext(
                 peer: Peer(uid: 4242, pid: 1), grant: Grant(isOwner: false, rules: [AccessRule(uid: 4242, readOnly: true)]),
                 clientName: "t")
-            let huge = ClientMessage.insert(.init(store: "s", items: (0...10_000).map { Item(id: ItemID("\($0)"), payload: Payload("1")) }))
+            let huge = BrokerCommand.write(store: "s", .insert((0...10_000).map { Item(id: ItemID("\($0)"), payload: Payload("1")) }))
             #expect(code(await ask(broker, huge, readOnly)) == .permissionDenied)
             #expect(code(await ask(broker, huge)) == .batchTooLarge)
         }
@@ -109,20 +109,20 @@ private func withBroker(
 
     @Test func limitsRejectEachKindOfBadRequest() async throws {
         try await withBroker(configuration: { BrokerConfiguration(dataDirectory: $0, defaultEngine: "test", maxItemLength: 8, maxBatch: 3) }) { broker in
-            let cases: [(ClientMessage, ErrorCode)] = [
-                (.insert(.init(store: "s", items: [Item(id: "a", payload: Payload("123456789"))])), .itemTooLarge),
-                (.setValue(.init(name: "v", value: Payload("123456789"))), .itemTooLarge),
-                (.remove(.init(store: "s", ids: ["a", "b", "c", "d"])), .batchTooLarge),
-                (.chain(.init(store: "s", steps: [.removeAll, .insert(items: [Item(id: "a", payload: Payload("1")), Item(id: "b", payload: Payload("1"))]), .removeAll])), .batchTooLarge),
-                (.count(.init(store: "a b")), .invalidName),
-                (.getValue(.init(name: "..")), .invalidName),
-                (.getValue(.init(namespace: .store, name: "v")), .invalidRequest),
-                (.getItems(.init(store: "s", ids: ["\u{0}"])), .invalidID),
+            let cases: [(BrokerCommand, BrokerError.Code)] = [
+                (.write(store: "s", .insert([Item(id: "a", payload: Payload("123456789"))])), .itemTooLarge),
+                (.setValue(namespace: .value, name: "v", value: Payload("123456789"), condition: .unconditional), .itemTooLarge),
+                (.write(store: "s", .remove(["a", "b", "c", "d"])), .batchTooLarge),
+                (.write(store: "s", .chain([.removeAll, .insert(items: [Item(id: "a", payload: Payload("1")), Item(id: "b", payload: Payload("1"))]), .removeAll])), .batchTooLarge),
+                (.count(store: "a b"), .invalidName),
+                (.getValue(namespace: .value, name: ".."), .invalidName),
+                (.getValue(namespace: .store, name: "v"), .invalidRequest),
+                (.get(store: "s", ids: ["\u{0}"]), .invalidID),
             ]
             for (request, expected) in cases {
-                #expect(code(await ask(broker, request)) == expected, "\(request.type.name)")
+                #expect(code(await ask(broker, request)) == expected, "\(request.name)")
             }
-            #expect(code(await ask(broker, .insert(.init(store: "s", items: [Item(id: "a", payload: Payload("12345678"))])))) == nil)
+            #expect(code(await ask(broker, .write(store: "s", .insert([Item(id: "a", payload: Payload("12345678"))])))) == nil)
         }
     }
 
@@ -132,13 +132,13 @@ private func withBroker(
                 peer: Peer(uid: 7, pid: 1),
                 grant: Grant(isOwner: false, rules: [AccessRule(uid: 7, glob: "pub-*", readOnly: true), AccessRule(uid: 7, glob: "inbox")]),
                 clientName: "t")
-            #expect(code(await ask(broker, .count(.init(store: "pub-a")), peer)) == nil)
-            #expect(code(await ask(broker, .insert(.init(store: "pub-a", items: [Item(id: "1", payload: Payload("1"))])), peer)) == .permissionDenied)
-            #expect(code(await ask(broker, .insert(.init(store: "inbox", items: [Item(id: "1", payload: Payload("1"))])), peer)) == nil)
-            #expect(code(await ask(broker, .count(.init(store: "secret-store")), peer)) == .permissionDenied)
-            #expect(code(await ask(broker, .getValue(.init(namespace: .value, name: "inbox")), peer)) == nil)
-            #expect(code(await ask(broker, .getValue(.init(namespace: .secureValue, name: "inbox")), peer)) == .permissionDenied)
-            #expect(code(await ask(broker, .ping(.init()), peer)) == nil)
+            #expect(code(await ask(broker, .count(store: "pub-a"), peer)) == nil)
+            #expect(code(await ask(broker, .write(store: "pub-a", .insert([Item(id: "1", payload: Payload("1"))])), peer)) == .permissionDenied)
+            #expect(code(await ask(broker, .write(store: "inbox", .insert([Item(id: "1", payload: Payload("1"))])), peer)) == nil)
+            #expect(code(await ask(broker, .count(store: "secret-store"), peer)) == .permissionDenied)
+            #expect(code(await ask(broker, .getValue(namespace: .value, name: "inbox"), peer)) == nil)
+            #expect(code(await ask(broker, .getValue(namespace: .secureValue, name: "inbox"), peer)) == .permissionDenied)
+            #expect(code(await ask(broker, .listEngines, peer)) == nil)
             #expect(AccessRule(parsing: "7:pub-*:ro") == AccessRule(uid: 7, glob: "pub-*", readOnly: true))
             #expect(AccessRule(parsing: "root")?.uid == 0)
             #expect(AccessRule(parsing: "7:x:rw") == nil)
@@ -152,9 +152,9 @@ private func withBroker(
         var logger = Logger(label: "test", factory: { _ in lines })
         logger.logLevel = .debug
         try await withBroker(logger: logger) { broker in
-            _ = await ask(broker, .insert(.init(store: "s", items: [Item(id: "a", payload: Payload("PAYLOAD-BYTES"))])))
-            _ = await ask(broker, .count(.init(store: "bad name")))
-            _ = await ask(broker, .setValue(.init(namespace: .secureValue, name: "token", value: Payload("SECRET-BYTES"))))
+            _ = await ask(broker, .write(store: "s", .insert([Item(id: "a", payload: Payload("PAYLOAD-BYTES"))])))
+            _ = await ask(broker, .count(store: "bad name"))
+            _ = await ask(broker, .setValue(namespace: .secureValue, name: "token", value: Payload("SECRET-BYTES"), condition: .unconditional))
         }
         let requests = lines.messages.filter { $0.hasPrefix("request ") }
         #expect(requests.count == 3)

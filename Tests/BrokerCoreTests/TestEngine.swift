@@ -2,7 +2,7 @@ import BrokerCore
 import Foundation
 import NIOCore
 import Synchronization
-import Wire
+import StoreModel
 
 /// An engine in the test process: records every apply, can hold an apply until released, can fail.
 final class TestEngine: StorageEngine, EngineProvider {
@@ -24,8 +24,8 @@ final class TestEngine: StorageEngine, EngineProvider {
         var closes = 0
     }
 
-    func engine(named name: String) throws(WireError) -> any StorageEngine {
-        guard name == self.name else { throw WireError(.engineUnavailable, "no engine \(name)") }
+    func engine(named name: String) throws(BrokerError) -> any StorageEngine {
+        guard name == self.name else { throw BrokerError(.engineUnavailable, "no engine \(name)") }
         return self
     }
 

@@ -9,8 +9,8 @@ import Wire
 
 /// No engine: these tests never reach a store.
 private struct NoEngines: EngineProvider {
-    func engine(named name: String) throws(WireError) -> any StorageEngine {
-        throw WireError(.engineUnavailable, "no engines in this test")
+    func engine(named name: String) throws(BrokerError) -> any StorageEngine {
+        throw BrokerError(.engineUnavailable, "no engines in this test")
     }
 
     func engineList() -> [EngineInfo] { [] }
