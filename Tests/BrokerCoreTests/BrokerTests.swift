@@ -145,6 +145,10 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
                 return
             }
             #expect(error.code == .engineError && error.message.contains("fire"))
+            // The engine's own failure is kept as the cause, and the error says where it was decided.
+            #expect((error.underlying as? EngineFailure)?.message.contains("fire") == true)
+            #expect(error.location.fileID == "BrokerCore/EnginePlace.swift" && error.location.line > 0)
+            #expect(error.logMetadata["error.underlying"] != nil)
             let ids = try await records(broker, "s").map(\.id)
             #expect(ids == ["a"])
             #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("c")])))) == 2)

@@ -58,7 +58,7 @@ final class Outbound {
                 timeouts: Timeouts(handshake: handshake, frame: frame),
                 context: .owner, logger: logger)
             let channel = EmbeddedChannel(handler: handler)
-            try channel.connect(to: SocketAddress(unixDomainSocketPath: "/tmp/test.sock")).wait()
+            try await channel.connect(to: SocketAddress(unixDomainSocketPath: "/tmp/test.sock")).get()
             try body(channel, Outbound())
             _ = try? channel.finish()
         }
@@ -135,5 +135,18 @@ final class Outbound {
             #expect(try outbound.read(channel).map(\.0) == [0, 5])
             #expect(!channel.isActive, "the connection stayed open after its last answer")
         }
+    }
+}
+
+@Suite struct WireMappingTests {
+    /// Every code of the broker crosses the socket as the protocol's code of the same name (the protocol's
+    /// codes are stable; a new broker code must be given a projection, or this fails).
+    @Test func everyBrokerErrorCodeHasTheProtocolCodeOfItsName() {
+        for code in BrokerError.Code.allCases {
+            #expect(code.wireCode.name == code.name, "\(code)")
+            #expect(ErrorCode.known.contains { $0.0 == code.wireCode })
+        }
+        let error = BrokerError(.conflict, "store s is at sequence 3", underlying: SystemError(code: 2))
+        #expect(error.wireError == WireError(.conflict, "store s is at sequence 3"))  // no cause, no location
     }
 }
