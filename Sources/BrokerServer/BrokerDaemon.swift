@@ -346,7 +346,7 @@ public final class BrokerDaemon: Sendable {
             }
             .childChannelOption(.maxMessagesPerRead, value: 4)
             .childChannelOption(.allowRemoteHalfClosure, value: true)
-            .childChannelOption(.writeBufferWaterMark, value: .init(low: 64 * 1024, high: 256 * 1024))
+            .childChannelOption(.writeBufferWaterMark, value: ConnectionHandler.writeBufferWaterMark)
             .childChannelInitializer { channel in
                 if reserve.takeRefusal() {
                     // Accepted with the reserve descriptor: say why it cannot be served, then take it back.

@@ -1,0 +1,573 @@
+import BrokerCore
+import DequeModule
+import Logging
+import NIOCore
+import Wire
+
+/// One client connection's state, with no I/O: the protocol session, the requests in flight and their answers
+/// in request order, read-your-writes holds, subscriptions and their first push after `subscribed`, the byte
+/// budgets, the timeouts, half-close and closing.
+///
+/// Each event (bytes read, an answer from the broker, the socket draining, a timer) goes in through a method;
+/// what the connection must do comes out as `Action`s, in order, which `ConnectionHandler` performs. The
+/// machine never touches the channel: what it needs to know of the socket comes with each event as an
+/// `IOState`. It runs on the connection's event loop only.
+struct ConnectionStateMachine {
+    struct Configuration {
+        var limits: ServerSession.Limits
+        var subscriberBuffer: Int
+        var timeouts: Timeouts
+        /// The channel's high write watermark: past it the socket counts as full until it drains.
+        var highWatermark: Int
+    }
+
+    /// What the socket looks like when an event arrives.
+    struct IOState {
+        var isWritable: Bool
+        /// Bytes written to the channel and not yet sent.
+        var bufferedBytes: Int
+        var now: NIODeadline
+    }
+
+    enum Action {
+        /// Write these bytes (an answer, a push, `welcome`); `flush` follows.
+        case write(ByteBuffer)
+        case flush
+        /// Ask the channel for more bytes.
+        case read
+        /// Hand a command to the broker; its answer comes back through `answered(slot:_:io:)`.
+        case start(slot: UInt64, command: BrokerCommand, subscription: Subscription?)
+        /// End a subscription in the broker.
+        case unsubscribe(Subscription)
+        /// The handshake is done: requests now come from this client.
+        case established(clientName: String)
+        case scheduleHandshakeTimeout(Duration)
+        case cancelHandshakeTimeout
+        /// Call `frameTimeout(io:)` at this deadline.
+        case scheduleFrameTimeout(NIODeadline)
+        case cancelFrameTimeout
+        /// Call `recheck(io:)` after this long (held back by the total byte budget, which others free).
+        case scheduleRecheck(Duration)
+        /// Write this last word, then close (after the client closes, or a linger time).
+        case closeAfter(ByteBuffer)
+        /// Close once everything written so far is out.
+        case closeWhenWritten
+    }
+
+    private struct Slot {
+        var id: UInt32
+        var answer: ByteBuffer?
+        var opensSubscription: UInt32?
+    }
+
+    private struct Held {
+        var slot: UInt64
+        var request: ConnectionRequest
+    }
+
+    private let configuration: Configuration
+    private let budget: ByteBudget
+    private let makeSubscription: (UInt32, Namespace, String) -> Subscription
+    private var logger: Logger
+    private var session: ServerSession
+    private var input = ByteBuffer()
+
+    /// Requests not yet answered on the wire, in request order; `base` is the absolute index of the first.
+    private var slots = Deque<Slot>()
+    private var base: UInt64 = 0
+    /// Writes whose answer has not arrived.
+    private var openWrites = Set<UInt64>()
+    /// Requests held back so that a read sees this connection's earlier writes (and later requests keep
+    /// their order behind it).
+    private var held = Deque<Held>()
+
+    private var subscriptions: [UInt32: Subscription] = [:]
+    /// Subscriptions whose `subscribed` answer has gone out, so their pushes may follow.
+    private var flowing = Set<UInt32>()
+    private var nextSubscriptionID: UInt32 = 1
+
+    private var readHeld = false
+    /// A `start` was handed out and the handler has not yet come back from it (`startReturned`). The next
+    /// request waits: an answer given at once (a read from memory) must count against the budgets before
+    /// another request is started.
+    private var awaitingStart = false
+    private var closing = false
+    /// The client shut its sending side: answer what it asked, then close.
+    private var inputClosed = false
+    /// Bytes of answers ready but not yet written (waiting behind an earlier request).
+    private var readyBytes = 0
+    /// What this connection counts for in `budget` now.
+    private var accounted = 0
+    private var handshakeArmed = false
+    private var frameTimerArmed = false
+    private var recheckArmed = false
+    /// Frames decoded so far, and the partial frame now buffered (after which frame, since when).
+    private var framesSeen: UInt64 = 0
+    private var partialFrame: (index: UInt64, since: NIODeadline)?
+
+    /// The socket as of the current event, and the bytes written since (not yet in `bufferedBytes`).
+    private var io = IOState(isWritable: true, bufferedBytes: 0, now: .uptimeNanoseconds(0))
+    private var emitted = 0
+    private var actions: [Action] = []
+
+    /// `makeSubscription` builds the queue a `subscribe`'s pushes go to (its wake-up is the handler's business).
+    init(
+        configuration: Configuration, budget: ByteBudget, logger: Logger,
+        makeSubscription: @escaping (UInt32, Namespace, String) -> Subscription
+    ) {
+        self.configuration = configuration
+        self.budget = budget
+        self.logger = logger
+        self.makeSubscription = makeSubscription
+        self.session = ServerSession(limits: configuration.limits)
+    }
+
+    // MARK: Events
+
+    /// The connection is open: the handshake must complete in time.
+    mutating func activate(io: IOState) -> [Action] {
+        begin(io)
+        budget.connectionOpened()
+        handshakeArmed = true
+        emit(.scheduleHandshakeTimeout(configuration.timeouts.handshake))
+        return end()
+    }
+
+    /// Bytes arrived.
+    mutating func received(_ bytes: ByteBuffer, io: IOState) -> [Action] {
+        begin(io)
+        guard !closing else { return end() }  // after the last word, input is read and dropped until the close
+        if input.readableBytes == 0 {
+            input = bytes  // no copy: what was read becomes the input
+        } else {
+            var bytes = bytes
+            input.writeBuffer(&bytes)
+        }
+        processInput()
+        return end()
+    }
+
+    /// The channel asks whether to read more.
+    mutating func readRequested(io: IOState) -> [Action] {
+        begin(io)
+        if canRead {
+            emit(.read)
+        } else {
+            readHeld = true
+        }
+        return end()
+    }
+
+    /// The broker answered the request in `slot`.
+    mutating func answered(slot: UInt64, _ result: Result<BrokerAnswer, BrokerError>, io: IOState) -> [Action] {
+        begin(io)
+        record(slot: slot, result.map(\.message).mapError(\.wireError))
+        flushAnswers()
+        emit(.flush)
+        processInput()
+        resumeReading()
+        closeIfDone()
+        return end()
+    }
+
+    /// The handler handed the last `start` to the broker (its answer may already have come).
+    mutating func startReturned(io: IOState) -> [Action] {
+        begin(io)
+        awaitingStart = false
+        startHeld()
+        processInput()
+        return end()
+    }
+
+    /// Subscriptions have pushes waiting, or the socket drained.
+    mutating func pushesWaiting(io: IOState) -> [Action] {
+        begin(io)
+        drainSubscriptions()
+        return end()
+    }
+
+    mutating func writabilityChanged(io: IOState) -> [Action] {
+        begin(io)
+        if io.isWritable {
+            account()
+            drainSubscriptions()
+            processInput()
+            resumeReading()
+        }
+        return end()
+    }
+
+    /// The client shut its sending side.
+    mutating func inputClosed(io: IOState) -> [Action] {
+        begin(io)
+        if closing {
+            // Our last word (an error, goodbye) is on its way and the client has nothing more to say: close
+            // once what is written is out, rather than keep the connection for the linger time.
+            emit(.closeWhenWritten)
+            return end()
+        }
+        // A half-close: the requests already sent are still answered (closeIfDone), then the connection closes.
+        inputClosed = true
+        processInput()
+        closeIfDone()
+        return end()
+    }
+
+    mutating func handshakeTimeout(io: IOState) -> [Action] {
+        begin(io)
+        handshakeArmed = false
+        timedOut("no hello within \(configuration.timeouts.handshake)")
+        return end()
+    }
+
+    mutating func frameTimeout(io: IOState) -> [Action] {
+        begin(io)
+        frameTimerArmed = false
+        if let partial = partialFrame {
+            if partial.index == framesSeen, partial.since + .init(configuration.timeouts.frame) <= io.now {
+                timedOut("a frame was left incomplete for \(configuration.timeouts.frame)")
+            } else {
+                watchPartialFrame()  // another frame since: its own deadline
+            }
+        }
+        return end()
+    }
+
+    mutating func recheck(io: IOState) -> [Action] {
+        begin(io)
+        recheckArmed = false
+        account()
+        processInput()
+        return end()
+    }
+
+    /// Shutdown: the answers that are ready, then `goodbye`, then close.
+    mutating func goodbye(_ message: String, io: IOState) -> [Action] {
+        begin(io)
+        guard !closing else { return end() }
+        flushAnswers()
+        drainSubscriptions()
+        closing = true
+        var out = ByteBuffer()
+        try? ServerMessage.goodbye(.init(code: .shuttingDown, message: message)).encode(
+            id: 0, maxFrameLength: configuration.limits.maxFrameLength, into: &out)
+        emit(.closeAfter(out))
+        return end()
+    }
+
+    /// The connection is gone: forget everything, end every subscription.
+    mutating func closed() -> [Action] {
+        closing = true
+        actions = []
+        if handshakeArmed { emit(.cancelHandshakeTimeout) }
+        if frameTimerArmed { emit(.cancelFrameTimeout) }
+        handshakeArmed = false
+        frameTimerArmed = false
+        budget.adjust(by: -accounted)
+        budget.connectionClosed()
+        accounted = 0
+        readyBytes = 0
+        input = ByteBuffer()
+        slots = []
+        for subscription in subscriptions.values { emit(.unsubscribe(subscription)) }
+        subscriptions = [:]
+        flowing = []
+        held = []
+        return end()
+    }
+
+    /// After the actions of a turn were performed: lets go of the bytes already decoded. What the daemon keeps
+    /// of a request owns its bytes, so the receive buffer must not stay alive, nor grow, because of them: an
+    /// empty input holds no storage, and the rest of a partial frame moves to storage of its own.
+    mutating func turnEnded() {
+        if input.readableBytes == 0 {
+            if input.capacity > 0 { input = ByteBuffer() }
+        } else if input.readerIndex > 0 {
+            var rest = ByteBufferAllocator().buffer(capacity: input.readableBytes)
+            rest.writeBuffer(&input)
+            input = rest
+        }
+    }
+
+    // MARK: Turns
+
+    private mutating func begin(_ io: IOState) {
+        self.io = io
+        emitted = 0
+        actions = []
+    }
+
+    private mutating func end() -> [Action] {
+        defer { actions = [] }
+        return actions
+    }
+
+    private mutating func emit(_ action: Action) {
+        if case .write(let bytes) = action { emitted += bytes.readableBytes }
+        actions.append(action)
+    }
+
+    /// Whether the socket takes more: writable when the event came, and not filled past the watermark since.
+    private var writable: Bool {
+        io.isWritable && io.bufferedBytes + emitted <= configuration.highWatermark
+    }
+
+    // MARK: Input
+
+    private var canRead: Bool {
+        mutating get { closing || (input.readableBytes < budget.perConnection && mayStartRequests()) }
+    }
+
+    /// Whether another request may start: under the in-flight cap, the socket taking answers, this
+    /// connection's unsent answers under its byte cap, and, when all connections together hold more than
+    /// `--max-total-bytes`, this one under its share (a connection that holds nothing is always served).
+    private mutating func mayStartRequests() -> Bool {
+        guard slots.count < configuration.limits.maxInFlight, writable else { return false }
+        let unsent = readyBytes + io.bufferedBytes + emitted
+        guard unsent < budget.perConnection else { return false }
+        if accounted > 0, !budget.allows(accounted) {
+            if !recheckArmed {
+                recheckArmed = true
+                emit(.scheduleRecheck(.milliseconds(50)))
+            }
+            return false
+        }
+        return true
+    }
+
+    /// Brings this connection's count in the shared budget up to date.
+    private mutating func account() {
+        let now = input.readableBytes + readyBytes + io.bufferedBytes + emitted
+        if now != accounted {
+            budget.adjust(by: now - accounted)
+            accounted = now
+        }
+    }
+
+    private mutating func resumeReading() {
+        guard readHeld, !inputClosed, canRead else { return }
+        readHeld = false
+        emit(.read)
+    }
+
+    /// Turns buffered bytes into requests while the in-flight cap and the socket allow.
+    private mutating func processInput() {
+        var progress = true
+        while progress {
+            progress = false
+            while !closing, !awaitingStart, mayStartRequests(), let step = session.next(from: &input) {
+                progress = true
+                framesSeen &+= 1
+                switch step {
+                case .reply(let welcome):
+                    if handshakeArmed {
+                        handshakeArmed = false
+                        emit(.cancelHandshakeTimeout)
+                    }
+                    if case .established(let version, let name) = session.state {
+                        logger[metadataKey: "client"] = "\(name)"
+                        logger.debug("handshake done", metadata: ["protocol": "\(version)"])
+                        emit(.established(clientName: name))
+                    }
+                    emit(.write(welcome))
+                case .refuse(let error):
+                    let id = error.getInteger(at: error.readerIndex + 8, as: UInt32.self) ?? 0
+                    slots.append(Slot(id: id, answer: error))
+                    readyBytes += error.readableBytes
+                case .close(let error):
+                    logger.debug("closing the connection after a protocol error")
+                    flushAnswers()
+                    closing = true
+                    emit(.closeAfter(error))
+                    return
+                case .request(let id, let message):
+                    accept(id: id, message)
+                }
+            }
+            // Answers given at once free their slots here, which may let more buffered requests in.
+            flushAnswers()
+        }
+        emit(.flush)
+        account()
+        resumeReading()
+        watchPartialFrame()
+        closeIfDone()
+    }
+
+    /// A frame begun must be finished within the frame timeout, unless the daemon itself stopped reading.
+    private mutating func watchPartialFrame() {
+        let waitingForClient = input.readableBytes > 0 && !readHeld && !closing && mayStartRequests()
+        guard waitingForClient else {
+            if frameTimerArmed { emit(.cancelFrameTimeout) }
+            frameTimerArmed = false
+            partialFrame = nil
+            return
+        }
+        if partialFrame?.index != framesSeen {
+            partialFrame = (framesSeen, io.now)
+        }
+        guard !frameTimerArmed, let started = partialFrame?.since else { return }
+        frameTimerArmed = true
+        emit(.scheduleFrameTimeout(started + .init(configuration.timeouts.frame)))
+    }
+
+    /// The handshake or a frame took too long: an error, then close.
+    private mutating func timedOut(_ what: String) {
+        guard !closing else { return }
+        logger.debug("closing a connection: \(what)")
+        closing = true
+        emit(.closeAfter(ServerSession.errorFrame(WireError(.timedOut, what), id: 0)))
+    }
+
+    /// After a half-close, closes once every request has been answered and written.
+    private mutating func closeIfDone() {
+        guard inputClosed, !closing, slots.isEmpty else { return }
+        if input.readableBytes > 0, session.state != .closed {
+            logger.debug("the client half-closed in the middle of a frame")
+        }
+        closing = true
+        emit(.closeWhenWritten)
+    }
+
+    // MARK: Requests
+
+    private mutating func accept(id: UInt32, _ message: ClientMessage) {
+        let slot = base + UInt64(slots.count)
+        slots.append(Slot(id: id, answer: nil))
+        guard let request = ConnectionRequest(message) else {
+            let error = WireError(.unexpectedMessage, "\(message.type.name) is only the first message of a connection")
+            return record(slot: slot, .failure(error))
+        }
+        if held.isEmpty, mayStart(request, slot: slot) {
+            start(request, slot: slot)
+        } else {
+            held.append(Held(slot: slot, request: request))
+        }
+    }
+
+    /// A read waits for this connection's earlier writes, so a client reads its own writes.
+    private func mayStart(_ request: ConnectionRequest, slot: UInt64) -> Bool {
+        request.isWrite || (openWrites.min() ?? .max) > slot
+    }
+
+    private mutating func startHeld() {
+        while !awaitingStart, let next = held.first, mayStart(next.request, slot: next.slot) {
+            held.removeFirst()
+            start(next.request, slot: next.slot)
+        }
+    }
+
+    private mutating func start(_ request: ConnectionRequest, slot: UInt64) {
+        switch request {
+        case .ping:
+            record(slot: slot, .success(.pong(.init())))
+        case .command(let command):
+            var subscription: Subscription?
+            if case .subscribe(let namespace, let name, _) = command {
+                let subscriptionID = nextSubscriptionID
+                nextSubscriptionID &+= 1
+                if nextSubscriptionID == 0 { nextSubscriptionID = 1 }
+                let made = makeSubscription(subscriptionID, namespace, name)
+                subscriptions[subscriptionID] = made
+                slots[Int(slot - base)].opensSubscription = subscriptionID
+                subscription = made
+            } else if command.isWrite {
+                openWrites.insert(slot)
+            }
+            awaitingStart = true
+            emit(.start(slot: slot, command: command, subscription: subscription))
+        case .unsubscribe(let subscriptionID):
+            if let subscription = subscriptions.removeValue(forKey: subscriptionID) {
+                flowing.remove(subscriptionID)
+                emit(.unsubscribe(subscription))
+                record(slot: slot, .success(.unsubscribed(.init(subscriptionID: subscription.id))))
+            } else {
+                record(
+                    slot: slot, .failure(WireError(.notFound, "no subscription \(subscriptionID) on this connection")))
+            }
+        }
+    }
+
+    // MARK: Output
+
+    /// Keeps the answer of `slot` until the answers before it have gone out.
+    private mutating func record(slot: UInt64, _ result: Result<ServerMessage, WireError>) {
+        let wasWrite = openWrites.remove(slot) != nil
+        guard slot >= base, slot - base < UInt64(slots.count) else { return }  // the connection went away
+        let index = Int(slot - base)
+        let id = slots[index].id
+        var out = ByteBuffer()
+        switch result {
+        case .success(let message):
+            do {
+                try message.encode(id: id, maxFrameLength: configuration.limits.maxFrameLength, into: &out)
+            } catch {
+                out = ServerSession.errorFrame(error, id: id)
+            }
+        case .failure(let error):
+            out = ServerSession.errorFrame(error, id: id)
+            if let subscriptionID = slots[index].opensSubscription {
+                subscriptions.removeValue(forKey: subscriptionID)
+                slots[index].opensSubscription = nil
+            }
+        }
+        slots[index].answer = out
+        readyBytes += out.readableBytes
+        if wasWrite { startHeld() }
+    }
+
+    /// Writes the answers that are next in request order.
+    private mutating func flushAnswers() {
+        var opened = false
+        while let first = slots.first, let answer = first.answer {
+            readyBytes -= answer.readableBytes
+            emit(.write(answer))
+            if let subscriptionID = first.opensSubscription, subscriptions[subscriptionID] != nil {
+                flowing.insert(subscriptionID)
+                opened = true
+            }
+            slots.removeFirst()
+            base += 1
+        }
+        if opened { drainSubscriptions() }
+    }
+
+    /// Writes queued pushes while the socket takes them.
+    private mutating func drainSubscriptions() {
+        guard !closing else { return }
+        var wrote = false
+        for subscriptionID in flowing.sorted() {
+            guard let subscription = subscriptions[subscriptionID] else { continue }
+            pushing: while writable {
+                let pushes = subscription.take(max: 32)
+                if pushes.isEmpty { break }
+                for push in pushes {
+                    var out = ByteBuffer()
+                    do {
+                        try push.message.encode(
+                            id: subscriptionID, maxFrameLength: configuration.limits.maxFrameLength, into: &out)
+                    } catch {
+                        // Never skipped (that would be a gap): the subscription ends with `lagged` in its place.
+                        logger.warning(
+                            "ending a subscription: a push cannot be sent: \(error.message)",
+                            metadata: ["subscription": "\(subscriptionID)", "store": "\(subscription.name)"])
+                        out.clear()
+                        try? subscription.endBefore(push).message.encode(
+                            id: subscriptionID, maxFrameLength: configuration.limits.maxFrameLength, into: &out)
+                        emit(.write(out))
+                        wrote = true
+                        break pushing
+                    }
+                    emit(.write(out))
+                    wrote = true
+                }
+            }
+            if subscription.isEnded, !subscription.hasPending {
+                // It lagged: the notice is out; the subscription is over.
+                subscriptions.removeValue(forKey: subscriptionID)
+                flowing.remove(subscriptionID)
+            }
+        }
+        if wrote { emit(.flush) }
+    }
+}

@@ -1,0 +1,179 @@
+@testable import BrokerCore
+@testable import BrokerServer
+import Logging
+import NIOCore
+import Testing
+import Wire
+
+/// The connection state machine on its own: events in, actions out, no channel and no broker.
+@Suite struct ConnectionStateMachineTests {
+    typealias Machine = ConnectionStateMachine
+
+    /// A machine, the subscriptions it made, and a client session that decodes what it writes.
+    final class Harness {
+        var machine: Machine
+        var subscriptions: [Subscription] = []
+        private var client = ClientSession(clientName: "t")
+        private var written = ByteBuffer()
+        var now = NIODeadline.uptimeNanoseconds(1_000_000_000)
+
+        init(maxInFlight: Int = 128) {
+            let made = Box()
+            machine = Machine(
+                configuration: .init(
+                    limits: ServerSession.Limits(maxInFlight: maxInFlight), subscriberBuffer: 16,
+                    timeouts: Timeouts(handshake: .seconds(10), frame: .seconds(30)), highWatermark: 256 * 1024),
+                budget: ByteBudget(perConnection: 1 << 20, total: 1 << 24),
+                logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }),
+                makeSubscription: { id, namespace, name in
+                    let subscription = Subscription(id: id, namespace: namespace, name: name, capacity: 16, wake: {})
+                    made.subscriptions.append(subscription)
+                    return subscription
+                })
+            box = made
+            _ = try? client.hello()
+        }
+
+        private let box: Box
+        final class Box { var subscriptions: [Subscription] = [] }
+        var made: [Subscription] { box.subscriptions }
+
+        func io(writable: Bool = true, buffered: Int = 0) -> Machine.IOState {
+            Machine.IOState(isWritable: writable, bufferedBytes: buffered, now: now)
+        }
+
+        /// The commands started, and every message written, decoded, in order.
+        func take(_ actions: [Machine.Action]) -> (starts: [(UInt64, BrokerCommand)], messages: [(UInt32, ServerMessage)]) {
+            var starts: [(UInt64, BrokerCommand)] = []
+            for action in actions {
+                switch action {
+                case .write(var bytes): written.writeBuffer(&bytes)
+                case .start(let slot, let command, _): starts.append((slot, command))
+                default: break
+                }
+            }
+            var messages: [(UInt32, ServerMessage)] = []
+            while let event = client.next(from: &written) {
+                switch event {
+                case .established(let welcome): messages.append((0, .welcome(welcome)))
+                case .message(let id, let message): messages.append((id, message))
+                case .failed(let error): messages.append((0, .error(.init(code: error.code, message: error.message))))
+                }
+            }
+            return (starts, messages)
+        }
+    }
+
+    static func frames(_ messages: [(ClientMessage, UInt32)], hello: Bool = true) throws -> ByteBuffer {
+        var out = hello ? try ClientSession(clientName: "t").hello() : ByteBuffer()
+        for (message, id) in messages {
+            try message.encode(id: id, maxFrameLength: WireProtocol.defaultMaxFrameLength, into: &out)
+        }
+        return out
+    }
+
+    /// One read with an insert, a count and a ping: the insert starts; the count waits for it (read your
+    /// writes) and the ping waits behind the count (order); the answers go out in request order.
+    @Test func readsWaitForTheConnectionsWritesAndAnswersKeepRequestOrder() throws {
+        let h = Harness()
+        let bytes = try Self.frames([
+            (.insert(.init(store: "s", items: [Item(id: "a", payload: Payload("1"))])), 1),
+            (.count(.init(store: "s")), 2), (.ping(.init()), 3),
+        ])
+        var step = h.take(h.machine.received(bytes, io: h.io()))
+        #expect(step.messages.map(\.0) == [0])  // the welcome
+        #expect(step.starts.map(\.0) == [0])
+        step = h.take(h.machine.startReturned(io: h.io()))
+        #expect(step.starts.isEmpty, "the count started before the insert was answered")
+
+        step = h.take(h.machine.answered(slot: 0, .success(.written(.init(committed: true, epoch: 7, sequence: 1))), io: h.io()))
+        #expect(step.starts.map(\.0) == [1])
+        guard case .count = step.starts.first?.1 else {
+            Issue.record("the held count did not start")
+            return
+        }
+        #expect(step.messages.map(\.0) == [1])
+        step = h.take(h.machine.startReturned(io: h.io()))  // the ping is answered by the connection itself
+        #expect(step.messages.isEmpty, "the pong went out before the count's answer")
+        step = h.take(h.machine.answered(slot: 1, .success(.count(Position(epoch: 7, sequence: 1), 1)), io: h.io()))
+        #expect(step.messages.map(\.0) == [2, 3])
+        guard case .countResult(let count) = step.messages.first?.1, case .pong = step.messages.last?.1 else {
+            Issue.record("wrong answers: \(step.messages)")
+            return
+        }
+        #expect(count.count == 1 && count.sequence == 1)
+    }
+
+    /// Pushes queued before `subscribed` wait for it; then they follow it, in order.
+    @Test func theFirstPushFollowsSubscribed() throws {
+        let h = Harness()
+        let bytes = try Self.frames([(.subscribe(.init(name: "s")), 4)])
+        var step = h.take(h.machine.received(bytes, io: h.io()))
+        #expect(step.starts.count == 1)
+        guard let subscription = h.made.first else {
+            Issue.record("no subscription made")
+            return
+        }
+        let position = Position(epoch: 3, sequence: 9)
+        subscription.offer(.storeLoaded(position, []), at: position, force: true)
+        step = h.take(h.machine.pushesWaiting(io: h.io()))
+        #expect(step.messages.isEmpty, "a push went out before subscribed")
+        step = h.take(h.machine.answered(slot: 0, .success(.subscribed(subscriptionID: subscription.id)), io: h.io()))
+        #expect(step.messages.map(\.0) == [4, subscription.id])
+        guard case .subscribed = step.messages.first?.1, case .storeLoaded = step.messages.last?.1 else {
+            Issue.record("wrong order: \(step.messages)")
+            return
+        }
+    }
+
+    /// An answer given at once that fills the socket holds the next request and reading until it drains.
+    @Test func aLargeAnswerHoldsTheNextRequestUntilTheSocketDrains() throws {
+        let h = Harness()
+        let bytes = try Self.frames([(.queryRange(.init(store: "s")), 1), (.queryRange(.init(store: "s")), 2)])
+        var step = h.take(h.machine.received(bytes, io: h.io()))
+        #expect(step.starts.map(\.0) == [0])
+        let big = ByteBuffer(repeating: 0x78, count: 300 * 1024)
+        let records = [ItemRecord(id: "a", createdAt: 1, updatedAt: 1, payload: Payload(big))]
+        let answer = h.machine.answered(slot: 0, .success(.records(Position(epoch: 1, sequence: 1), records)), io: h.io())
+        step = h.take(answer)
+        #expect(step.messages.map(\.0) == [1])
+        // The handler has not written it yet: it counts it as buffered.
+        step = h.take(h.machine.startReturned(io: h.io(buffered: 300 * 1024)))
+        #expect(step.starts.isEmpty, "the next read started while the socket was full")
+        #expect(!h.machine.readRequested(io: h.io(writable: false, buffered: 300 * 1024)).contains { if case .read = $0 { true } else { false } })
+        let drained = h.machine.writabilityChanged(io: h.io())
+        #expect(h.take(drained).starts.map(\.0) == [1])
+        #expect(drained.contains { if case .read = $0 { true } else { false } }, "reading did not resume")
+    }
+
+    /// No more than `maxInFlight` requests start; the rest wait in the input.
+    @Test func theInFlightCapHoldsRequestsBack() throws {
+        let h = Harness(maxInFlight: 2)
+        let bytes = try Self.frames((1...4).map { (.insert(.init(store: "s", items: [])), UInt32($0)) })
+        var started = h.take(h.machine.received(bytes, io: h.io())).starts.map(\.0)
+        started += h.take(h.machine.startReturned(io: h.io())).starts.map(\.0)
+        started += h.take(h.machine.startReturned(io: h.io())).starts.map(\.0)
+        #expect(started == [0, 1])
+        let written = CommitResult(committed: false, epoch: 0, sequence: 0)
+        #expect(h.take(h.machine.answered(slot: 0, .success(.written(written)), io: h.io())).starts.map(\.0) == [2])
+    }
+
+    /// No hello in time: a `timedOut` error, then close; a half-close with nothing pending closes at once.
+    @Test func timeoutsAndHalfClose() throws {
+        let h = Harness()
+        let opened = h.machine.activate(io: h.io())
+        #expect(opened.contains { if case .scheduleHandshakeTimeout(.seconds(10)) = $0 { true } else { false } })
+        let late = h.machine.handshakeTimeout(io: h.io())
+        guard case .closeAfter(var last)? = late.first else {
+            Issue.record("no last word: \(late)")
+            return
+        }
+        let frame = try #require(try FrameDecoder().decode(&last))
+        #expect(frame.header.type == MessageType.error.rawValue)
+
+        let other = Harness()
+        _ = other.machine.received(try Self.frames([]), io: other.io())
+        let closed = other.machine.inputClosed(io: other.io())
+        #expect(closed.contains { if case .closeWhenWritten = $0 { true } else { false } })
+    }
+}
