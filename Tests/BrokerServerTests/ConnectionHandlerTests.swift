@@ -27,7 +27,17 @@ final class Outbound {
 
     /// Every message written since the last call.
     func read(_ channel: EmbeddedChannel) throws -> [(UInt32, ServerMessage)] {
-        while var chunk = try channel.readOutbound(as: ByteBuffer.self) { bytes.writeBuffer(&chunk) }
+        while let chunk = try channel.readOutbound(as: ByteBuffer.self) { add(chunk) }
+        return messages()
+    }
+
+    func add(_ chunk: ByteBuffer) {
+        var chunk = chunk
+        bytes.writeBuffer(&chunk)
+    }
+
+    /// The messages the bytes added so far complete.
+    func messages() -> [(UInt32, ServerMessage)] {
         var out: [(UInt32, ServerMessage)] = []
         while let event = session.next(from: &bytes) {
             switch event {

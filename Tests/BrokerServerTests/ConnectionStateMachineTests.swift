@@ -13,8 +13,7 @@ import Wire
     final class Harness {
         var machine: Machine
         var subscriptions: [Subscription] = []
-        private var client = ClientSession(clientName: "t")
-        private var written = ByteBuffer()
+        private let outbound = Outbound()
         var now = NIODeadline.uptimeNanoseconds(1_000_000_000)
 
         init(maxInFlight: Int = 128) {
@@ -31,7 +30,6 @@ import Wire
                     return subscription
                 })
             box = made
-            _ = try? client.hello()
         }
 
         private let box: Box
@@ -47,20 +45,12 @@ import Wire
             var starts: [(UInt64, BrokerCommand)] = []
             for action in actions {
                 switch action {
-                case .write(var bytes): written.writeBuffer(&bytes)
+                case .write(let bytes): outbound.add(bytes)
                 case .start(let slot, let command, _): starts.append((slot, command))
                 default: break
                 }
             }
-            var messages: [(UInt32, ServerMessage)] = []
-            while let event = client.next(from: &written) {
-                switch event {
-                case .established(let welcome): messages.append((0, .welcome(welcome)))
-                case .message(let id, let message): messages.append((id, message))
-                case .failed(let error): messages.append((0, .error(.init(code: error.code, message: error.message))))
-                }
-            }
-            return (starts, messages)
+            return (starts, outbound.messages())
         }
     }
 
