@@ -87,10 +87,10 @@ struct ConnectionStateMachine {
     private var nextSubscriptionID: UInt32 = 1
 
     private var readHeld = false
-    /// A `start` was handed out and the handler has not yet come back from it (`startReturned`). The next
-    /// request waits: an answer given at once (a read from memory) must count against the budgets before
-    /// another request is started.
-    private var awaitingStart = false
+    /// The slot of the `start` handed out that has neither been answered nor come back from the handler
+    /// (`startReturned`). The next request waits: an answer given at once (a read from memory) must count
+    /// against the budgets before another request is started.
+    private var awaitingStart: UInt64?
     private var closing = false
     /// The client shut its sending side: answer what it asked, then close.
     private var inputClosed = false
@@ -161,6 +161,10 @@ struct ConnectionStateMachine {
     /// The broker answered the request in `slot`.
     mutating func answered(slot: UInt64, _ result: Result<BrokerAnswer, BrokerError>, io: IOState) -> [Action] {
         begin(io)
+        if awaitingStart == slot {
+            awaitingStart = nil
+            startHeld()
+        }
         record(slot: slot, result.map(\.message).mapError(\.wireError))
         flushAnswers()
         emit(.flush)
@@ -170,10 +174,12 @@ struct ConnectionStateMachine {
         return end()
     }
 
-    /// The handler handed the last `start` to the broker (its answer may already have come).
-    mutating func startReturned(io: IOState) -> [Action] {
+    /// The handler handed the `start` of `slot` to the broker. When its answer came at once, `answered`
+    /// already went on and this does nothing.
+    mutating func startReturned(slot: UInt64, io: IOState) -> [Action] {
+        guard awaitingStart == slot else { return [] }
         begin(io)
-        awaitingStart = false
+        awaitingStart = nil
         startHeld()
         processInput()
         return end()
@@ -355,7 +361,7 @@ struct ConnectionStateMachine {
         var progress = true
         while progress {
             progress = false
-            while !closing, !awaitingStart, mayStartRequests(), let step = session.next(from: &input) {
+            while !closing, awaitingStart == nil, mayStartRequests(), let step = session.next(from: &input) {
                 progress = true
                 framesSeen &+= 1
                 switch step {
@@ -451,7 +457,7 @@ struct ConnectionStateMachine {
     }
 
     private mutating func startHeld() {
-        while !awaitingStart, let next = held.first, mayStart(next.request, slot: next.slot) {
+        while awaitingStart == nil, let next = held.first, mayStart(next.request, slot: next.slot) {
             held.removeFirst()
             start(next.request, slot: next.slot)
         }
@@ -474,7 +480,7 @@ struct ConnectionStateMachine {
             } else if command.isWrite {
                 openWrites.insert(slot)
             }
-            awaitingStart = true
+            awaitingStart = slot
             emit(.start(slot: slot, command: command, subscription: subscription))
         case .unsubscribe(let subscriptionID):
             if let subscription = subscriptions.removeValue(forKey: subscriptionID) {
