@@ -4,7 +4,8 @@
 # missing, builds release, and runs scripts/bench_side_by_side.py: each row the median of 3 runs alternating the
 # two sides, with the spread; one table with every ratio. Without --quick it rewrites the generated section of
 # docs/BENCHMARKS.md and docs/benchmarks-side-by-side.json; --quick (one smaller run, no 1,000,000-item cold
-# start) takes under 3 minutes after an up-to-date release build and writes nothing.
+# start) takes under 3 minutes after an up-to-date release build and writes nothing; --quick --runs 3 gives the
+# spread of each row in quick sizes (to compare two commits).
 #
 #   ./scripts/bench-side-by-side.sh [--quick] [--runs N]
 set -euo pipefail

@@ -144,7 +144,8 @@ class Bench:
         self.args = args
         self.bin = args.bin
         self.quick = args.quick
-        self.runs = 1 if args.quick else args.runs
+        # --quick makes one run of each row unless --runs says how many (to see the spread of a change).
+        self.runs = args.runs if args.runs is not None else (1 if args.quick else 3)
         self.rows = []
         self.work = Work()
 
@@ -508,8 +509,8 @@ def machine():
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bin", required=True, help="the release build's bin directory")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="smaller runs, one each, docs untouched (< 3 min)")
+    parser.add_argument("--runs", type=int, default=None, help="runs of each row (default 3; 1 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="smaller runs, one each unless --runs, docs untouched (< 3 min)")
     args = parser.parse_args()
     started = time.monotonic()
     bench = Bench(args)
