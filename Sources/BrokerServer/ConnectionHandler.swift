@@ -178,7 +178,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
                     loop.eventLoop.execute { loop.value.event { $0.answered(slot: slot, result, io: $1) } }
                 }
             }
-            event { $0.startReturned(slot: slot, io: $1) }
+            if machine?.awaits(slot: slot) == true { event { $0.startReturned(slot: slot, io: $1) } }
         case .unsubscribe(let subscription):
             broker.unsubscribe(subscription)
         case .established(let clientName):

@@ -87,9 +87,11 @@ struct ConnectionStateMachine {
     private var nextSubscriptionID: UInt32 = 1
 
     private var readHeld = false
-    /// The slot of the `start` handed out that has neither been answered nor come back from the handler
-    /// (`startReturned`). The next request waits: an answer given at once (a read from memory) must count
-    /// against the budgets before another request is started.
+    /// The slot of the read handed out that has neither been answered nor come back from the handler
+    /// (`startReturned`). The next request waits: a read is answered at once from memory, and its answer (up
+    /// to a whole store) must count against the budgets before another request is started. Writes are
+    /// answered after their commit, with a few bytes, so the requests of one read cycle start together and
+    /// share a commit.
     private var awaitingStart: UInt64?
     private var closing = false
     /// The client shut its sending side: answer what it asked, then close.
@@ -177,13 +179,16 @@ struct ConnectionStateMachine {
     /// The handler handed the `start` of `slot` to the broker. When its answer came at once, `answered`
     /// already went on and this does nothing.
     mutating func startReturned(slot: UInt64, io: IOState) -> [Action] {
-        guard awaitingStart == slot else { return [] }
+        guard awaits(slot: slot) else { return [] }
         begin(io)
         awaitingStart = nil
         startHeld()
         processInput()
         return end()
     }
+
+    /// Whether the next request waits for the handler to come back from the start of `slot`.
+    func awaits(slot: UInt64) -> Bool { awaitingStart == slot }
 
     /// Subscriptions have pushes waiting, or the socket drained.
     mutating func pushesWaiting(io: IOState) -> [Action] {
@@ -477,10 +482,8 @@ struct ConnectionStateMachine {
                 subscriptions[subscriptionID] = made
                 slots[Int(slot - base)].opensSubscription = subscriptionID
                 subscription = made
-            } else if command.isWrite {
-                openWrites.insert(slot)
             }
-            awaitingStart = slot
+            if command.isWrite { openWrites.insert(slot) } else { awaitingStart = slot }
             emit(.start(slot: slot, command: command, subscription: subscription))
         case .unsubscribe(let subscriptionID):
             if let subscription = subscriptions.removeValue(forKey: subscriptionID) {
