@@ -59,8 +59,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         let subscriberBuffer = subscriberBuffer
         machine = ConnectionStateMachine(
             configuration: .init(
-                limits: limits, subscriberBuffer: subscriberBuffer, timeouts: timeouts,
-                highWatermark: Self.writeBufferWaterMark.high),
+                limits: limits, timeouts: timeouts, highWatermark: Self.writeBufferWaterMark.high),
             budget: budget, logger: logger,
             makeSubscription: { id, namespace, name in
                 Subscription(

@@ -15,7 +15,6 @@ import Wire
 struct ConnectionStateMachine {
     struct Configuration {
         var limits: ServerSession.Limits
-        var subscriberBuffer: Int
         var timeouts: Timeouts
         /// The channel's high write watermark: past it the socket counts as full until it drains.
         var highWatermark: Int

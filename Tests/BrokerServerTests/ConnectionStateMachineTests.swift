@@ -12,7 +12,6 @@ import Wire
     /// A machine, the subscriptions it made, and a client session that decodes what it writes.
     final class Harness {
         var machine: Machine
-        var subscriptions: [Subscription] = []
         private let outbound = Outbound()
         var now = NIODeadline.uptimeNanoseconds(1_000_000_000)
 
@@ -20,7 +19,7 @@ import Wire
             let made = Box()
             machine = Machine(
                 configuration: .init(
-                    limits: ServerSession.Limits(maxInFlight: maxInFlight), subscriberBuffer: 16,
+                    limits: ServerSession.Limits(maxInFlight: maxInFlight),
                     timeouts: Timeouts(handshake: .seconds(10), frame: .seconds(30)), highWatermark: 256 * 1024),
                 budget: ByteBudget(perConnection: 1 << 20, total: 1 << 24),
                 logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }),
