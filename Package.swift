@@ -2,13 +2,15 @@
 import PackageDescription
 
 // Layers (each target may import only those below it):
-//   StoreModel        the data stores are made of (ids, payloads, records, conditions); no codec, no I/O
+//   StoreModel        the data stores are made of (ids, payloads, records, conditions, commits, pushes,
+//                     error codes); no codec, no I/O
 //   Wire              the binary protocol over StoreModel; NIOCore only, never a socket
 //   BrokerCore        store semantics, sequences, events, subscriptions, in its own commands, answers and
 //                     errors; no Wire, no networking, no dlopen
 //   EngineLoader      finds and dlopens storage engines
 //   BrokerServer      the daemon: the Unix socket (NIOPosix), connections, paths, start-up and shutdown
-//   StoreBrokerClient the client connection (NIOPosix): what storectl and applications use
+//   StoreBrokerClient the client connection (NIOPosix): typed calls over StoreModel, what storectl and
+//                     applications use; Wire stays behind it
 //   storebrokerd, storectl, wiredump   thin executables
 let package = Package(
     name: "storebroker",
@@ -98,7 +100,7 @@ let package = Package(
         .target(
             name: "StoreBrokerClient",
             dependencies: [
-                "Wire", "OrderedStorage", .product(name: "NIOCore", package: "swift-nio"),
+                "StoreModel", "Wire", "OrderedStorage", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),
@@ -118,7 +120,8 @@ let package = Package(
         .executableTarget(
             name: "storectl",
             dependencies: [
-                "StoreBrokerClient", "Wire", .product(name: "NIOCore", package: "swift-nio"),
+                // The client library's typed calls only: the protocol stays behind it.
+                "StoreBrokerClient", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

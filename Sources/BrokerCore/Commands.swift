@@ -74,31 +74,6 @@ public enum BrokerCommand: Sendable {
     }
 }
 
-/// The outcome of a write: `committed` false when it changed nothing and took no sequence (the sequence is
-/// then the current one).
-public struct CommitResult: Hashable, Sendable {
-    public var committed: Bool
-    public var epoch: UInt64
-    public var sequence: UInt64
-
-    public init(committed: Bool, epoch: UInt64, sequence: UInt64) {
-        self.committed = committed
-        self.epoch = epoch
-        self.sequence = sequence
-    }
-}
-
-/// A store's or value's position: the epoch and the sequence of its last commit.
-public struct Position: Hashable, Sendable {
-    public var epoch: UInt64
-    public var sequence: UInt64
-
-    public init(epoch: UInt64, sequence: UInt64) {
-        self.epoch = epoch
-        self.sequence = sequence
-    }
-}
-
 /// The answer to a command, each read at the position it was taken from.
 public enum BrokerAnswer: Sendable {
     case engines([EngineInfo])
@@ -127,35 +102,4 @@ public enum BrokerAnswer: Sendable {
         case .subscribed: "subscribed"
         }
     }
-}
-
-/// One commit of a store: its steps in order, under its sequence.
-public struct StoreEvent: Hashable, Sendable {
-    public var epoch: UInt64
-    public var sequence: UInt64
-    public var steps: [EventStep]
-
-    public init(epoch: UInt64, sequence: UInt64, steps: [EventStep]) {
-        self.epoch = epoch
-        self.sequence = sequence
-        self.steps = steps
-    }
-
-    public var position: Position { Position(epoch: epoch, sequence: sequence) }
-}
-
-/// What a subscription delivers, in order.
-public enum Push: Sendable {
-    /// A store's whole content at a position (the start of a subscription, or after `historyGone`).
-    case storeLoaded(Position, [ItemRecord])
-    case storeEvent(StoreEvent)
-    /// A value's state at a position (the start of a subscription, or after `historyGone`).
-    case valueLoaded(Position, ValueState)
-    case valueEvent(Position, ValueState)
-    /// The resume point is older than the history kept: a snapshot follows.
-    case historyGone(Position)
-    /// The subscriber fell too far behind: the subscription is over; resume from this position.
-    case lagged(Position)
-    /// The store was dropped (at this position); the subscription goes on with its re-creation.
-    case dropped(Position)
 }

@@ -471,7 +471,7 @@ final class ManagedStore: Sendable {
             for outcome in outcomes {
                 guard case .committed(let sequence, let events) = outcome else { continue }
                 state.contents.apply(events)
-                let event = StoreEvent(epoch: epoch, sequence: sequence, steps: events)
+                let event = Commit(epoch: epoch, sequence: sequence, steps: events)
                 state.history.append(
                     event, maxCount: configuration.history, maxBytes: configuration.historyBytes)
                 Self.broadcast(.storeEvent(event), at: event.position, in: &state)
@@ -570,13 +570,13 @@ extension ItemRecord {
 /// A store's recent events, for subscribers that resume: at most `maxCount` commits and `maxBytes` bytes
 /// (ids and payloads), the oldest dropped first.
 struct EventHistory {
-    private(set) var events = Deque<StoreEvent>()
+    private(set) var events = Deque<Commit>()
     private var sizes = Deque<Int>()
     private(set) var bytes = 0
 
     var oldestSequence: UInt64? { events.first?.sequence }
 
-    mutating func append(_ event: StoreEvent, maxCount: Int, maxBytes: Int) {
+    mutating func append(_ event: Commit, maxCount: Int, maxBytes: Int) {
         let size = Self.size(of: event)
         events.append(event)
         sizes.append(size)
@@ -589,7 +589,7 @@ struct EventHistory {
     }
 
     /// The bytes an event keeps alive: its ids and payloads, plus a little per record.
-    static func size(of event: StoreEvent) -> Int {
+    static func size(of event: Commit) -> Int {
         var total = 64
         for step in event.steps {
             switch step {

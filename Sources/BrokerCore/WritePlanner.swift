@@ -1,14 +1,6 @@
 import NIOCore
 import StoreModel
 
-/// A change to a store's items, as the store's writer receives it.
-public enum WriteOperation: Sendable {
-    case insert([Item])
-    case remove([ItemID])
-    case removeAll
-    case chain([ChainStep])
-}
-
 /// What one write request does to a store, worked out before the engine sees it.
 struct PlannedWrite {
     /// The steps of the event (only what really changes), in request order.

@@ -63,24 +63,6 @@ extension BrokerAnswer {
     }
 }
 
-extension Push {
-    /// The push as the protocol sends it.
-    var message: ServerMessage {
-        switch self {
-        case .storeLoaded(let at, let records):
-            .storeLoaded(
-                .init(epoch: at.epoch, sequence: at.sequence, count: UInt64(records.count), elements: records))
-        case .storeEvent(let event):
-            .storeEvent(.init(epoch: event.epoch, sequence: event.sequence, elements: event.steps))
-        case .valueLoaded(let at, let state): .valueLoaded(.init(epoch: at.epoch, sequence: at.sequence, state: state))
-        case .valueEvent(let at, let state): .valueEvent(.init(epoch: at.epoch, sequence: at.sequence, state: state))
-        case .historyGone(let at): .historyGone(.init(epoch: at.epoch, sequence: at.sequence))
-        case .lagged(let at): .lagged(.init(epoch: at.epoch, sequence: at.sequence))
-        case .dropped(let at): .dropped(.init(epoch: at.epoch, sequence: at.sequence))
-        }
-    }
-}
-
 extension BrokerError.Code {
     /// The protocol's code for it: the projection that crosses the socket.
     var wireCode: ErrorCode {

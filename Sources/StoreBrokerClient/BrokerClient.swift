@@ -40,7 +40,7 @@ public final class BrokerClient: Sendable {
     }
 
     /// Sends a request and returns its answer; an `error` answer is thrown as `refused` with its code.
-    public func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
+    package func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
         try await connection().send(request)
     }
 
@@ -86,7 +86,7 @@ struct SubscriptionFollower: Sendable {
     /// `resumePoint` is asked before each (re)subscription.
     func run(
         resumePoint: @Sendable () -> SubscriptionStart,
-        handle: @Sendable (ServerMessage) async throws -> Void
+        handle: @Sendable (Push) async throws -> Void
     ) async -> (any Error)? {
         var backoff: Duration = .milliseconds(20)
         while !Task.isCancelled {

@@ -9,11 +9,11 @@ import Wire
 ///
 /// ```swift
 /// let connection = try await BrokerConnection.connect(clientName: "notes-panel")
-/// let answer = try await connection.send(.count(.init(store: "notes")))
+/// let count = try await connection.count("notes").value
 /// ```
 public final class BrokerConnection: Sendable {
-    /// What the broker announced: protocol version and limits.
-    public let welcome: ServerMessage.Welcome
+    /// What the broker announced: protocol version and limits (`limits` is its public face).
+    package let welcome: ServerMessage.Welcome
     private let channel: any Channel
     private let handler: NIOLoopBound<ClientHandler>
 
@@ -77,8 +77,9 @@ public final class BrokerConnection: Sendable {
         return "\(error)"
     }
 
-    /// Sends `request` and returns its answer; an `error` answer is thrown as `refused`.
-    public func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
+    /// Sends `request` and returns its answer; an `error` answer is thrown as `refused`. The typed calls
+    /// (`BrokerCalls.swift`) are the public way in.
+    package func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
         do {
             return try await channel.eventLoop.flatSubmit { [handler] in handler.value.send(request) }.get()
         } catch {
@@ -88,7 +89,7 @@ public final class BrokerConnection: Sendable {
 
     /// Sends several requests back to back (pipelined, in this order) and returns their outcomes in the same
     /// order; one failing does not stop the others.
-    public func send(_ requests: [ClientMessage]) async throws(StoreBrokerError) -> [Result<ServerMessage, StoreBrokerError>] {
+    package func send(_ requests: [ClientMessage]) async throws(StoreBrokerError) -> [Result<ServerMessage, StoreBrokerError>] {
         let futures: [EventLoopFuture<ServerMessage>]
         do {
             futures = try await channel.eventLoop.submit { [handler] in requests.map { handler.value.send($0) } }.get()
@@ -124,7 +125,7 @@ public final class BrokerConnection: Sendable {
     /// (`BrokerClient`'s followers do).
     public func follow(
         _ namespace: Namespace = .store, name: String, from start: SubscriptionStart = .snapshot
-    ) -> AsyncThrowingStream<ServerMessage, any Error> {
+    ) -> AsyncThrowingStream<Push, any Error> {
         AsyncThrowingStream { continuation in
             let task = Task {
                 var start = start
@@ -134,8 +135,8 @@ public final class BrokerConnection: Sendable {
                         var resume: SubscriptionStart?
                         for try await push in subscription.pushes {
                             continuation.yield(push)
-                            if case .lagged(let notice) = push {
-                                resume = .resume(epoch: notice.epoch, sequence: notice.sequence)
+                            if case .lagged(let at) = push {
+                                resume = .resume(epoch: at.epoch, sequence: at.sequence)
                             }
                         }
                         // A subscription's stream ends without an error only after `lagged`.
@@ -170,7 +171,7 @@ public final class BrokerConnection: Sendable {
 /// stream ends after `lagged` (the subscription is over) and throws when the connection closes.
 public struct BrokerSubscription: Sendable {
     public let id: UInt32
-    public let pushes: AsyncThrowingStream<ServerMessage, any Error>
+    public let pushes: AsyncThrowingStream<Push, any Error>
 }
 
 /// The connection's protocol state, on its event loop.
@@ -183,7 +184,7 @@ final class ClientHandler: ChannelInboundHandler {
     private var context: ChannelHandlerContext?
     private var welcomePromise: EventLoopPromise<ServerMessage.Welcome>?
     private var pending: [UInt32: Pending] = [:]
-    private var streams: [UInt32: AsyncThrowingStream<ServerMessage, any Error>.Continuation] = [:]
+    private var streams: [UInt32: AsyncThrowingStream<Push, any Error>.Continuation] = [:]
     private var nextID: UInt32 = 1
     private var failure: StoreBrokerError?
     private let requestTimeout: TimeAmount?
@@ -325,8 +326,9 @@ final class ClientHandler: ChannelInboundHandler {
                 fail(StoreBrokerError(.connectionClosed, code: goodbye.code, "the broker said goodbye: \(goodbye.message)"))
                 return
             }
-            streams[id]?.yield(message)
-            if case .lagged = message { finishStream(id, error: nil) }
+            guard let push = Push(message) else { return }
+            streams[id]?.yield(push)
+            if case .lagged = push { finishStream(id, error: nil) }
             return
         }
         guard let entry = pending.removeValue(forKey: id) else { return }
@@ -339,7 +341,7 @@ final class ClientHandler: ChannelInboundHandler {
         case (.request(let promise), _):
             promise.succeed(message)
         case (.subscribe(let promise), .subscribed(let subscribed)):
-            let (stream, continuation) = AsyncThrowingStream.makeStream(of: ServerMessage.self)
+            let (stream, continuation) = AsyncThrowingStream.makeStream(of: Push.self)
             streams[subscribed.subscriptionID] = continuation
             promise.succeed(BrokerSubscription(id: subscribed.subscriptionID, pushes: stream))
         case (.subscribe(let promise), _):

@@ -2,7 +2,7 @@ import Foundation
 import NIOCore
 import OrderedStorage
 import Synchronization
-import Wire
+import StoreModel
 
 /// What happened to a `RemoteStore`'s items (Boutique's `StoreEvent`).
 public struct StoreEvent<Item: Sendable>: Sendable {
@@ -161,30 +161,30 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
         }
     }
 
-    private func apply(_ push: ServerMessage) throws {
+    private func apply(_ push: Push) throws {
         var events: [StoreEvent<Item>] = []
         var released: [CheckedContinuation<Void, Never>] = []
         var loaded: [CheckedContinuation<Void, any Error>] = []
         var streams: [AsyncStream<StoreEvent<Item>>.Continuation] = []
         switch push {
-        case .storeLoaded(let snapshot):
+        case .storeLoaded(let at, let records):
             var table = OrderedTable<String, Item>()
-            for record in snapshot.elements { table.put(record.id.string, try decode(record)) }
+            for record in records { table.put(record.id.string, try decode(record)) }
             let items = Self.all(table)
             state.withLock { mirror in
                 mirror.items = table
-                mirror.epoch = snapshot.epoch
-                mirror.sequence = snapshot.sequence
+                mirror.epoch = at.epoch
+                mirror.sequence = at.sequence
                 mirror.phase = .value(())
                 loaded = mirror.loadWaiters
                 mirror.loadWaiters = []
                 released = mirror.sequenceWaiters.advance(to: mirror.position)
                 streams = Array(mirror.streams.values)
             }
-            events = [StoreEvent(operation: .loaded, items: items, sequence: snapshot.sequence)]
+            events = [StoreEvent(operation: .loaded, items: items, sequence: at.sequence)]
         case .storeEvent(let event):
             var decoded: [(EventStep, [Item])] = []
-            for step in event.elements {
+            for step in event.steps {
                 if case .insert(let records) = step { decoded.append((step, try records.map(decode))) } else { decoded.append((step, [])) }
             }
             state.withLock { mirror in
@@ -225,29 +225,26 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
 
     // MARK: Writing
 
-    private func payload(_ item: Item) throws -> Wire.Item {
+    private func payload(_ item: Item) throws -> StoreModel.Item {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
-        return Wire.Item(id: ItemID(identifier(item)), payload: Payload(ByteBuffer(bytes: try encoder.encode(item))))
+        return StoreModel.Item(id: ItemID(identifier(item)), payload: Payload(ByteBuffer(bytes: try encoder.encode(item))))
     }
 
     /// Sends a write; returns once the mirror has the commit (or the mirror stopped).
     fileprivate func write(_ steps: [ChainStep], condition: Condition = .unconditional) async throws {
-        let request: ClientMessage
+        let operation: WriteOperation
         switch steps.count {
         case 0: return
         case 1:
             switch steps[0] {
-            case .insert(let items): request = .insert(.init(store: name, condition: condition, items: items))
-            case .remove(let ids): request = .remove(.init(store: name, condition: condition, ids: ids))
-            case .removeAll: request = .removeAll(.init(store: name, condition: condition))
+            case .insert(let items): operation = .insert(items)
+            case .remove(let ids): operation = .remove(ids)
+            case .removeAll: operation = .removeAll
             }
-        default: request = .chain(.init(store: name, condition: condition, steps: steps))
+        default: operation = .chain(steps)
         }
-        let answer = try await client.send(request)
-        guard case .writeResult(let result) = answer else {
-            throw StoreBrokerError(.protocolViolation, "a write was answered with \(answer.type.name)")
-        }
+        let result = try await client.connection().write(name, operation, condition: condition)
         guard result.committed else { return }
         await state.waitUntilReached(epoch: result.epoch, sequence: result.sequence)
     }

@@ -1,7 +1,7 @@
 import Foundation
 import NIOCore
 import Synchronization
-import Wire
+import StoreModel
 
 /// One value (or secure value) of the broker, mirrored locally: what `RemoteValue` and `RemoteSecureValue`
 /// are made of.
@@ -64,22 +64,19 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
 
     /// The broker's current state of the value, fetched.
     func fetch() async throws -> (epoch: UInt64, sequence: UInt64, value: Value?) {
-        let answer = try await client.send(.getValue(.init(namespace: namespace, name: name)))
-        guard case .valueResult(let result) = answer else {
-            throw StoreBrokerError(.protocolViolation, "getValue was answered with \(answer.type.name)")
-        }
-        switch result.state {
-        case .set(let payload): return (result.epoch, result.sequence, try Self.decode(payload, name: name))
-        case .unset: return (result.epoch, result.sequence, nil)
+        let result = try await client.connection().value(name, in: namespace)
+        let at = result.position
+        switch result.value {
+        case .set(let payload): return (at.epoch, at.sequence, try Self.decode(payload, name: name))
+        case .unset: return (at.epoch, at.sequence, nil)
         case .setWithheld: throw StoreBrokerError(.protocolViolation, "getValue was answered without the value")
         }
     }
 
-    private func apply(_ push: ServerMessage) async throws {
+    private func apply(_ push: Push) async throws {
         let message: (epoch: UInt64, sequence: UInt64, state: ValueState)
         switch push {
-        case .valueLoaded(let loaded): message = (loaded.epoch, loaded.sequence, loaded.state)
-        case .valueEvent(let event): message = (event.epoch, event.sequence, event.state)
+        case .valueLoaded(let at, let state), .valueEvent(let at, let state): message = (at.epoch, at.sequence, state)
         default: return  // historyGone: a valueLoaded follows; lagged: the follower subscribes again
         }
         var update: (epoch: UInt64, sequence: UInt64, value: Value?)
@@ -122,16 +119,8 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
 
     /// Sets (or with `nil` resets) the value under `condition`; returns once the mirror has the change.
     func write(_ value: Value?, condition: Condition = .unconditional) async throws {
-        let request: ClientMessage =
-            if let value {
-                .setValue(.init(namespace: namespace, name: name, condition: condition, value: try Self.encode(value)))
-            } else {
-                .resetValue(.init(namespace: namespace, name: name, condition: condition))
-            }
-        let answer = try await client.send(request)
-        guard case .writeResult(let result) = answer else {
-            throw StoreBrokerError(.protocolViolation, "a value write was answered with \(answer.type.name)")
-        }
+        let payload = try value.map(Self.encode)
+        let result = try await client.connection().setValue(name, in: namespace, to: payload, condition: condition)
         guard result.committed else { return }
         await state.waitUntilReached(epoch: result.epoch, sequence: result.sequence)
     }

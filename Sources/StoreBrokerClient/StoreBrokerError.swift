@@ -1,4 +1,4 @@
-import Wire
+import StoreModel
 
 /// Why a request to the broker failed.
 public struct StoreBrokerError: Error, Hashable, Sendable, CustomStringConvertible {
@@ -24,10 +24,6 @@ public struct StoreBrokerError: Error, Hashable, Sendable, CustomStringConvertib
         self.kind = kind
         self.code = code
         self.message = message
-    }
-
-    init(wire error: WireError) {
-        self.init(.refused, code: error.code, error.message)
     }
 
     public var description: String {

@@ -1,6 +1,6 @@
 import Foundation
 import NIOCore
-import Wire
+import StoreBrokerClient
 
 /// The JSON storectl reads and writes. Payloads are kept byte for byte: what is parsed is only checked and
 /// searched for the id; what is printed is the stored bytes.

@@ -1,7 +1,6 @@
 import ArgumentParser
 import Foundation
 import StoreBrokerClient
-import Wire
 
 struct Ping: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -32,7 +31,7 @@ struct Ping: AsyncParsableCommand {
                 do {
                     let connection = try await global.connect(timeout: attempt)
                     do {
-                        _ = try await connection.send(.ping(.init()))
+                        try await connection.ping()
                     } catch {
                         await connection.close()
                         throw error
@@ -84,14 +83,9 @@ struct Query: AsyncParsableCommand {
             var records: [ItemRecord] = []
             var missing: [ItemID] = []
             if ids.isEmpty {
-                let answer = try await connection.send(
-                    .queryRange(.init(store: store, after: after.map { ItemID($0) }, limit: limit)))
-                guard case .rangeResult(let range) = answer else { throw unexpected(answer) }
-                records = range.elements
+                records = try await connection.records(store, after: after.map { ItemID($0) }, limit: limit).value
             } else {
-                let answer = try await connection.send(.getItems(.init(store: store, ids: ids.map { ItemID($0) })))
-                guard case .itemsResult(let items) = answer else { throw unexpected(answer) }
-                for slot in items.elements {
+                for slot in try await connection.items(store, ids: ids.map { ItemID($0) }).value {
                     switch slot {
                     case .present(let record): records.append(record)
                     case .missing(let id): missing.append(id)
@@ -150,9 +144,7 @@ struct Count: AsyncParsableCommand {
     func run() async throws {
         try await reporting {
             let connection = try await global.connect()
-            let answer = try await connection.send(.count(.init(store: store)))
-            guard case .countResult(let result) = answer else { throw unexpected(answer) }
-            Output.line(String(result.count))
+            Output.line(String(try await connection.count(store).value))
         }
     }
 }
@@ -175,20 +167,19 @@ struct Stores: AsyncParsableCommand {
     func run() async throws {
         try await reporting {
             let connection = try await global.connect()
-            let answer = try await connection.send(.listStores(.init()))
-            guard case .storeList(let list) = answer else { throw unexpected(answer) }
+            let stores = try await connection.stores()
             // A broken store's reason is the answer to a request on it.
             var reasons: [String: String] = [:]
-            for info in list.elements where info.isBroken {
+            for info in stores where info.isBroken {
                 do {
-                    _ = try await connection.send(.getStoreInfo(.init(store: info.name)))
+                    _ = try await connection.storeInfo(info.name)
                     reasons[info.name] = "cannot be served"
                 } catch let error as StoreBrokerError {
                     reasons[info.name] = error.message
                 }
                 Output.error("store \(info.name) cannot be served: \(reasons[info.name]!)")
             }
-            let objects = list.elements.map { info in
+            let objects = stores.map { info in
                 "{\"name\":\(JSON.string(info.name)),\"engine\":\(JSON.string(info.engine)),\"epoch\":\(info.epoch),"
                     + "\"sequence\":\(info.sequence),\"count\":\(info.count)"
                     + (reasons[info.name].map { ",\"broken\":\(JSON.string($0))" } ?? "") + "}"
@@ -199,7 +190,7 @@ struct Stores: AsyncParsableCommand {
             case .table:
                 Table.print(
                     headers: ["NAME", "COUNT", "SEQUENCE", "ENGINE", "STATUS"],
-                    rows: list.elements.map { info in
+                    rows: stores.map { info in
                         let status = reasons[info.name].map { "broken: \($0)" } ?? "ok"
                         return [info.name, String(info.count), String(info.sequence), info.engine, status]
                     })
@@ -226,8 +217,7 @@ struct Engines: AsyncParsableCommand {
     func run() async throws {
         try await reporting {
             let connection = try await global.connect()
-            let answer = try await connection.send(.listEngines(.init()))
-            guard case .engineList(let list) = answer else { throw unexpected(answer) }
+            let engines = try await connection.engines()
             func status(_ info: EngineInfo) -> String {
                 switch info.status {
                 case .found: "found"
@@ -242,7 +232,7 @@ struct Engines: AsyncParsableCommand {
                 (info.capabilities.contains(.persistent) ? ["persistent"] : [])
                     + (info.capabilities.contains(.atomic) ? ["atomic"] : [])
             }
-            let objects = list.elements.map { info in
+            let objects = engines.map { info in
                 "{\"name\":\(JSON.string(info.name)),\"status\":\"\(status(info))\",\"abi\":\(abi(info).map(JSON.string) ?? "null"),"
                     + "\"capabilities\":\(JSON.array(capabilities(info).map(JSON.string))),"
                     + "\"detail\":\(JSON.string(info.detail)),\"path\":\(JSON.string(info.path))}"
@@ -253,16 +243,12 @@ struct Engines: AsyncParsableCommand {
             case .table:
                 Table.print(
                     headers: ["NAME", "STATUS", "ABI", "CAPABILITIES", "DETAIL", "PATH"],
-                    rows: list.elements.map {
+                    rows: engines.map {
                         [$0.name, status($0), abi($0) ?? "-", capabilities($0).joined(separator: ","), $0.detail, $0.path]
                     })
             }
         }
     }
-}
-
-func unexpected(_ answer: ServerMessage) -> Failure {
-    Failure(Failure.protocolError, "unexpected answer from the broker: \(answer.type.name)")
 }
 
 /// Aligned columns for a terminal; the last column is cut to the terminal's width.

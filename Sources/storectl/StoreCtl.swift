@@ -1,7 +1,6 @@
 import ArgumentParser
 import Foundation
 import StoreBrokerClient
-import Wire
 
 /// `storectl`: the broker from the command line. Each command parses, talks through `BrokerConnection`, and
 /// prints; docs/CLI.md documents every output and exit code.
@@ -170,11 +169,8 @@ enum Output {
     }
 }
 
-/// Sends a write and prints the new sequence (nothing when the write changed nothing).
-func printWriteResult(_ answer: ServerMessage) throws {
-    guard case .writeResult(let result) = answer else {
-        throw Failure(Failure.protocolError, "the broker answered a write with \(answer.type.name)")
-    }
+/// Prints a write's new sequence (nothing when the write changed nothing).
+func printWriteResult(_ result: CommitResult) {
     if result.committed { Output.line(String(result.sequence)) }
 }
 

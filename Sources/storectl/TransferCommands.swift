@@ -1,7 +1,6 @@
 import ArgumentParser
 import Foundation
 import StoreBrokerClient
-import Wire
 
 struct Export: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -20,10 +19,8 @@ struct Export: AsyncParsableCommand {
 
     func run() async throws {
         try await reporting {
-            let answer = try await global.connect().send(.queryRange(.init(store: store)))
-            guard case .rangeResult(let range) = answer else { throw unexpected(answer) }
             var out: [UInt8] = []
-            for record in range.elements {
+            for record in try await global.connect().records(store).value {
                 if meta {
                     out += Array(Query.metaLine(record).utf8)
                 } else {
@@ -83,18 +80,20 @@ struct Import: AsyncParsableCommand {
             let connection = try await global.connect()
             if atomic {
                 guard !items.isEmpty else { return }
-                let answer: ServerMessage
                 do {
-                    answer = try await connection.send(
-                        .chain(.init(store: store, condition: condition.condition, steps: [.insert(items: items)])))
+                    printWriteResult(
+                        try await connection.write(store, .chain([.insert(items: items)]), condition: condition.condition))
                 } catch let error as StoreBrokerError where error.kind == .protocolViolation {
                     throw Failure(Failure.badInput, "the import does not fit in one request; drop --atomic: \(error.message)")
                 }
-                try printWriteResult(answer)
-            } else if let last = try await ItemUpload(connection: connection, store: store, label: "importing into \(store)")
-                .send(items, condition: condition.condition)
-            {
-                try printWriteResult(.writeResult(last))
+            } else {
+                let progress = Progress(label: "importing into \(store)", total: items.count)
+                defer { progress.finish() }
+                if let last = try await connection.insertInBatches(
+                    store, items, condition: condition.condition, progress: progress.show)
+                {
+                    printWriteResult(last)
+                }
             }
         }
     }

@@ -2,7 +2,6 @@ import ArgumentParser
 import Foundation
 import NIOCore
 import StoreBrokerClient
-import Wire
 
 /// `value` and `secret` share their commands; a kind says how its values look on the command line.
 protocol ValueKind {
@@ -89,9 +88,7 @@ struct ValueGet<Kind: ValueKind>: AsyncParsableCommand {
 
     func run() async throws {
         try await reporting {
-            let answer = try await global.connect().send(.getValue(.init(namespace: Kind.namespace, name: name)))
-            guard case .valueResult(let result) = answer else { throw unexpected(answer) }
-            guard case .set(let payload) = result.state else {
+            guard case .set(let payload) = try await global.connect().value(name, in: Kind.namespace).value else {
                 throw Failure(Failure.notFound, "\(Kind.command) \(name) is not set")
             }
             Output.line(Kind.render(payload.bytes))
@@ -116,8 +113,8 @@ struct ValueSet<Kind: ValueKind>: AsyncParsableCommand {
 
     func run() async throws {
         try await write(global) {
-            .setValue(
-                .init(namespace: Kind.namespace, name: name, condition: condition.condition, value: Payload(try Kind.encode(value))))
+            try await $0.setValue(
+                name, in: Kind.namespace, to: Payload(try Kind.encode(value)), condition: condition.condition)
         }
     }
 }
@@ -135,7 +132,7 @@ struct ValueReset<Kind: ValueKind>: AsyncParsableCommand {
     @Argument(help: "The name.") var name: String
 
     func run() async throws {
-        try await write(global) { .resetValue(.init(namespace: Kind.namespace, name: name, condition: condition.condition)) }
+        try await write(global) { try await $0.setValue(name, in: Kind.namespace, to: nil, condition: condition.condition) }
     }
 }
 
@@ -167,9 +164,7 @@ struct ValueWatch<Kind: ValueKind>: AsyncParsableCommand {
             if let from {
                 var resumeEpoch = epoch
                 if resumeEpoch == nil {
-                    let answer = try await connection.send(.getValue(.init(namespace: Kind.namespace, name: name)))
-                    guard case .valueResult(let result) = answer else { throw unexpected(answer) }
-                    resumeEpoch = result.epoch
+                    resumeEpoch = try await connection.value(name, in: Kind.namespace).position.epoch
                 }
                 start = .resume(epoch: resumeEpoch!, sequence: from)
                 Output.line("{\"op\":\"resumed\",\(label),\"epoch\":\(resumeEpoch!),\"sequence\":\(from)}")
@@ -183,14 +178,14 @@ struct ValueWatch<Kind: ValueKind>: AsyncParsableCommand {
             }
             for try await push in connection.follow(Kind.namespace, name: name, from: start) {
                 switch push {
-                case .valueLoaded(let loaded):
+                case .valueLoaded(let at, let state):
                     Output.line(
-                        "{\"op\":\"loaded\",\(label),\"epoch\":\(loaded.epoch),\"sequence\":\(loaded.sequence),\(shown(loaded.state))}")
-                case .valueEvent(let event):
-                    switch event.state {
-                    case .unset: Output.line("{\"op\":\"reset\",\(label),\"sequence\":\(event.sequence)}")
-                    case .set: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence),\(shown(event.state))}")
-                    case .setWithheld: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(event.sequence)}")
+                        "{\"op\":\"loaded\",\(label),\"epoch\":\(at.epoch),\"sequence\":\(at.sequence),\(shown(state))}")
+                case .valueEvent(let at, let state):
+                    switch state {
+                    case .unset: Output.line("{\"op\":\"reset\",\(label),\"sequence\":\(at.sequence)}")
+                    case .set: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(at.sequence),\(shown(state))}")
+                    case .setWithheld: Output.line("{\"op\":\"set\",\(label),\"sequence\":\(at.sequence)}")
                     }
                 case .historyGone(let notice):
                     Output.line("{\"op\":\"history-gone\",\(label),\"epoch\":\(notice.epoch),\"sequence\":\(notice.sequence)}")

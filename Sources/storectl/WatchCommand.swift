@@ -2,7 +2,6 @@ import ArgumentParser
 import Foundation
 import Synchronization
 import StoreBrokerClient
-import Wire
 
 struct Watch: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -35,9 +34,7 @@ struct Watch: AsyncParsableCommand {
             if let from {
                 var resumeEpoch = epoch
                 if resumeEpoch == nil {
-                    let answer = try await connection.send(.getStoreInfo(.init(store: store)))
-                    guard case .storeInfoResult(let info) = answer else { throw unexpected(answer) }
-                    resumeEpoch = info.info.epoch
+                    resumeEpoch = try await connection.storeInfo(store).epoch
                 }
                 start = .resume(epoch: resumeEpoch!, sequence: from)
                 Output.line(
@@ -52,13 +49,13 @@ struct Watch: AsyncParsableCommand {
             do {
                 for try await push in connection.follow(name: store, from: start) {
                     switch push {
-                    case .storeLoaded(let loaded):
+                    case .storeLoaded(let at, let records):
                         watchdog.disarm()
                         Output.line(
-                            "{\"op\":\"loaded\",\"store\":\(name),\"epoch\":\(loaded.epoch),"
-                                + "\"sequence\":\(loaded.sequence),\"count\":\(loaded.count)}")
+                            "{\"op\":\"loaded\",\"store\":\(name),\"epoch\":\(at.epoch),"
+                                + "\"sequence\":\(at.sequence),\"count\":\(records.count)}")
                     case .storeEvent(let event):
-                        for step in event.elements {
+                        for step in event.steps {
                             switch step {
                             case .insert(let records):
                                 Output.line(

@@ -1,7 +1,6 @@
 import ArgumentParser
 import Foundation
 import StoreBrokerClient
-import Wire
 
 struct Insert: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -35,19 +34,22 @@ struct Insert: AsyncParsableCommand {
                 }
             }
             let connection = try await global.connect()
-            if let last = try await ItemUpload(connection: connection, store: store).send(parsed, condition: condition.condition) {
-                try printWriteResult(.writeResult(last))
+            let progress = Progress(label: "inserting into \(store)", total: parsed.count)
+            defer { progress.finish() }
+            if let last = try await connection.insertInBatches(
+                store, parsed, condition: condition.condition, progress: progress.show)
+            {
+                printWriteResult(last)
             }
         }
     }
 }
 
 extension ParsableCommand {
-    /// Sends one write and prints its result.
-    func write(_ global: GlobalOptions, _ request: () throws -> ClientMessage) async throws {
+    /// Makes one write on a new connection and prints its result.
+    func write(_ global: GlobalOptions, _ write: (BrokerConnection) async throws -> CommitResult) async throws {
         try await reporting {
-            let message = try request()
-            try printWriteResult(try await global.connect().send(message))
+            printWriteResult(try await write(try await global.connect()))
         }
     }
 }
@@ -67,7 +69,7 @@ struct Remove: AsyncParsableCommand {
     }
 
     func run() async throws {
-        try await write(global) { .remove(.init(store: store, condition: condition.condition, ids: ids.map { ItemID($0) })) }
+        try await write(global) { try await $0.write(store, .remove(ids.map { ItemID($0) }), condition: condition.condition) }
     }
 }
 
@@ -81,7 +83,7 @@ struct Clear: AsyncParsableCommand {
     @Argument(help: "The store.") var store: String
 
     func run() async throws {
-        try await write(global) { .removeAll(.init(store: store, condition: condition.condition)) }
+        try await write(global) { try await $0.write(store, .removeAll, condition: condition.condition) }
     }
 }
 
@@ -95,7 +97,7 @@ struct Drop: AsyncParsableCommand {
     @Argument(help: "The store.") var store: String
 
     func run() async throws {
-        try await write(global) { .drop(.init(store: store, condition: condition.condition)) }
+        try await write(global) { try await $0.drop(store, condition: condition.condition) }
     }
 }
 
@@ -158,8 +160,7 @@ struct Apply: AsyncParsableCommand {
             }
             let connection = try await global.connect()
             do {
-                try printWriteResult(
-                    try await connection.send(.chain(.init(store: store, condition: condition.condition, steps: steps))))
+                printWriteResult(try await connection.write(store, .chain(steps), condition: condition.condition))
             } catch let error as StoreBrokerError where error.kind == .protocolViolation && error.code == .frameTooLarge {
                 throw Failure(Failure.badInput, "the chain does not fit in one frame: \(error.message)")
             }

@@ -173,7 +173,7 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
 @Suite struct Subscriptions {
     @Test func aFullBufferEndsTheSubscriptionWithLaggedAfterWhatItHolds() {
         let subscription = Subscription(id: 3, namespace: .store, name: "s", capacity: 2, wake: {})
-        let event = { (n: UInt64) in Push.storeEvent(StoreEvent(epoch: 9, sequence: n, steps: [])) }
+        let event = { (n: UInt64) in Push.storeEvent(Commit(epoch: 9, sequence: n, steps: [])) }
         #expect(subscriptionOffer(subscription, event(1), 1))
         #expect(subscriptionOffer(subscription, event(2), 2))
         #expect(!subscriptionOffer(subscription, event(3), 3))

@@ -33,10 +33,10 @@ extension Integration {
                 var seen: [String] = []
                 for try await push in connection.follow(name: "s") {
                     switch push {
-                    case .storeLoaded(let loaded): seen.append("loaded \(loaded.sequence)")
+                    case .storeLoaded(let at, _): seen.append("loaded \(at.sequence)")
                     case .storeEvent(let event): seen.append("event \(event.sequence)")
                     case .lagged(let notice): seen.append("lagged \(notice.sequence)")
-                    default: seen.append("\(push.type.name)")
+                    default: seen.append("\(push.message.type.name)")
                     }
                     if seen.count == 4 { break }
                 }

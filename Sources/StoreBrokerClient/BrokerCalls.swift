@@ -1,0 +1,206 @@
+@_exported import StoreModel
+import Wire
+
+// The broker's requests as typed calls: what applications and storectl use. The protocol's messages stay
+// inside the library (`send` is `package`: the package's own tests and benchmarks may still speak it raw).
+
+/// An answer read at a position: everything in it is from the commit at `position`.
+public struct Positioned<Value: Sendable>: Sendable {
+    public var position: Position
+    public var value: Value
+
+    public init(_ position: Position, _ value: Value) {
+        self.position = position
+        self.value = value
+    }
+}
+
+/// What the broker announced when the connection opened: its version and the limits every request must keep.
+public struct BrokerLimits: Sendable, Hashable {
+    /// The protocol version in use on this connection.
+    public var protocolVersion: UInt16
+    /// The daemon's version text.
+    public var serverVersion: String
+    /// The largest frame either side may send, header included: a request's items must fit in it.
+    public var maxFrameLength: UInt32
+    /// The largest item payload or value, in bytes.
+    public var maxItemLength: UInt32
+    /// The most items, ids or steps in one request.
+    public var maxBatch: UInt32
+    /// The most requests in flight before the broker stops reading.
+    public var maxInFlight: UInt32
+
+    init(_ welcome: ServerMessage.Welcome) {
+        protocolVersion = welcome.version
+        serverVersion = welcome.serverVersion
+        maxFrameLength = welcome.maxFrameLength
+        maxItemLength = welcome.maxItemLength
+        maxBatch = welcome.maxBatch
+        maxInFlight = welcome.maxInFlight
+    }
+}
+
+extension BrokerConnection {
+    /// The broker's limits for this connection.
+    public var limits: BrokerLimits { BrokerLimits(welcome) }
+
+    /// Sends `request` and takes what `answer` extracts from the reply; any other reply breaks the protocol.
+    private func call<Answer>(
+        _ request: ClientMessage, _ answer: (ServerMessage) -> Answer?
+    ) async throws(StoreBrokerError) -> Answer {
+        let reply = try await send(request)
+        guard let value = answer(reply) else {
+            throw StoreBrokerError(.protocolViolation, "\(request.type.name) was answered with \(reply.type.name)")
+        }
+        return value
+    }
+
+    /// Returns once the broker answered.
+    public func ping() async throws(StoreBrokerError) {
+        try await call(.ping(.init())) { if case .pong = $0 { () } else { nil } }
+    }
+
+    /// Every store this process may read, in name byte order.
+    public func stores() async throws(StoreBrokerError) -> [StoreInfo] {
+        try await call(.listStores(.init())) { if case .storeList(let m) = $0 { m.elements } else { nil } }
+    }
+
+    /// Every engine file on the daemon's search path, loaded or not.
+    public func engines() async throws(StoreBrokerError) -> [EngineInfo] {
+        try await call(.listEngines(.init())) { if case .engineList(let m) = $0 { m.elements } else { nil } }
+    }
+
+    /// A store's name, engine, position and count (epoch 0, sequence 0, no engine when it does not exist).
+    public func storeInfo(_ store: String) async throws(StoreBrokerError) -> StoreInfo {
+        try await call(.getStoreInfo(.init(store: store))) { if case .storeInfoResult(let m) = $0 { m.info } else { nil } }
+    }
+
+    /// The number of items (0 for a store that does not exist).
+    public func count(_ store: String) async throws(StoreBrokerError) -> Positioned<UInt64> {
+        try await call(.count(.init(store: store))) {
+            if case .countResult(let m) = $0 { Positioned(Position(m), m.count) } else { nil }
+        }
+    }
+
+    /// Items by id, one slot per id in the order given (a missing id is answered as missing).
+    public func items(_ store: String, ids: [ItemID]) async throws(StoreBrokerError) -> Positioned<[ItemSlot]> {
+        try await call(.getItems(.init(store: store, ids: ids))) {
+            if case .itemsResult(let m) = $0 { Positioned(Position(m), m.elements) } else { nil }
+        }
+    }
+
+    /// Up to `limit` items (0: all) after the id `after`, in store order, from one snapshot; `cursorGone` when
+    /// `after` is no longer in the store.
+    public func records(
+        _ store: String, after: ItemID? = nil, limit: UInt32 = 0
+    ) async throws(StoreBrokerError) -> Positioned<[ItemRecord]> {
+        try await call(.queryRange(.init(store: store, after: after, limit: limit))) {
+            if case .rangeResult(let m) = $0 { Positioned(Position(m), m.elements) } else { nil }
+        }
+    }
+
+    /// Up to `limit` ids (0: all) after the id `after`, in store order.
+    public func ids(
+        _ store: String, after: ItemID? = nil, limit: UInt32 = 0
+    ) async throws(StoreBrokerError) -> Positioned<[ItemID]> {
+        try await call(.listIDs(.init(store: store, after: after, limit: limit))) {
+            if case .idList(let m) = $0 { Positioned(Position(m), m.elements) } else { nil }
+        }
+    }
+
+    /// Writes `operation` to `store` (created by its first write) as one commit, if `condition` holds
+    /// (`conflict` otherwise). Returns once the broker committed it.
+    public func write(
+        _ store: String, _ operation: WriteOperation, condition: Condition = .unconditional
+    ) async throws(StoreBrokerError) -> CommitResult {
+        try await call(.write(store: store, operation, condition: condition), Self.commitResult)
+    }
+
+    /// Several writes to `store` sent back to back (pipelined, committed in this order); their outcomes in the
+    /// same order. One failing does not stop the others.
+    public func write(
+        _ store: String, pipelined writes: [(WriteOperation, Condition)]
+    ) async throws(StoreBrokerError) -> [Result<CommitResult, StoreBrokerError>] {
+        let requests = writes.map { ClientMessage.write(store: store, $0.0, condition: $0.1) }
+        return try await send(requests).map { outcome in
+            outcome.flatMap { reply in
+                Self.commitResult(reply).map(Result.success)
+                    ?? .failure(StoreBrokerError(.protocolViolation, "a write was answered with \(reply.type.name)"))
+            }
+        }
+    }
+
+    /// Deletes a store and its data (`committed` false when it did not exist).
+    public func drop(_ store: String, condition: Condition = .unconditional) async throws(StoreBrokerError) -> CommitResult {
+        try await call(.drop(.init(store: store, condition: condition)), Self.commitResult)
+    }
+
+    /// A value's state (`.value`) or a secure value's (`.secureValue`, readable only by the daemon's user).
+    public func value(_ name: String, in namespace: Namespace = .value) async throws(StoreBrokerError) -> Positioned<ValueState> {
+        try await call(.getValue(.init(namespace: namespace, name: name))) {
+            if case .valueResult(let m) = $0 { Positioned(Position(m), m.state) } else { nil }
+        }
+    }
+
+    /// Sets a value, or resets it when `value` is nil, if `condition` holds.
+    public func setValue(
+        _ name: String, in namespace: Namespace = .value, to value: Payload?, condition: Condition = .unconditional
+    ) async throws(StoreBrokerError) -> CommitResult {
+        try await call(.setValue(namespace: namespace, name: name, value: value, condition: condition), Self.commitResult)
+    }
+
+    private static func commitResult(_ reply: ServerMessage) -> CommitResult? {
+        if case .writeResult(let m) = reply { CommitResult(m) } else { nil }
+    }
+}
+
+extension BrokerConnection {
+    /// Inserts `items` in order, in as many commits as the broker's limits require (its `maxBatch` and frame
+    /// size), up to `window` of them in flight at once. Only the first commit carries `condition`. `progress`
+    /// is told how many items are committed after each window. Returns the last commit's result (nil when
+    /// nothing changed). Stops at the first failure; the commits before it stay.
+    public func insertInBatches(
+        _ store: String, _ items: [Item], condition: Condition = .unconditional, window: Int = 8,
+        progress: (Int) -> Void = { _ in }
+    ) async throws(StoreBrokerError) -> CommitResult? {
+        let all = Self.batches(items, limits: limits)
+        var last: CommitResult?
+        var done = 0
+        var index = 0
+        while index < all.count {
+            let slice = all[index..<min(index + max(1, window), all.count)]
+            let writes = slice.enumerated().map { offset, batch in
+                (WriteOperation.insert(batch), index + offset == 0 ? condition : .unconditional)
+            }
+            for (batch, outcome) in zip(slice, try await write(store, pipelined: writes)) {
+                let result = try outcome.get()
+                if result.committed { last = result }
+                done += batch.count
+            }
+            progress(done)
+            index += slice.count
+        }
+        return last
+    }
+
+    /// Consecutive batches within `limits`' item count and frame size (an item's record costs its id, its
+    /// payload and 8 bytes of lengths; 1 KiB is kept for the request's head).
+    static func batches(_ items: [Item], limits: BrokerLimits) -> [[Item]] {
+        let budget = Int(limits.maxFrameLength) - 1024
+        var batches: [[Item]] = []
+        var current: [Item] = []
+        var size = 0
+        for item in items {
+            let length = item.id.string.utf8.count + item.payload.count + 8
+            if !current.isEmpty, current.count >= Int(limits.maxBatch) || size + length > budget {
+                batches.append(current)
+                current = []
+                size = 0
+            }
+            current.append(item)
+            size += length
+        }
+        if !current.isEmpty { batches.append(current) }
+        return batches
+    }
+}

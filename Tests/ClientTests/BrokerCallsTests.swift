@@ -1,0 +1,117 @@
+import StoreBrokerClient
+import StoreBrokerTesting
+import Testing
+
+// The typed calls applications and storectl use: each request's answer as the library's types, positions
+// included, and the broker's refusals as `StoreBrokerError`s with their codes. No protocol type is named here.
+
+private func item(_ id: String) -> Item { Item(id: ItemID(id), payload: Payload(#"{"id":"\#(id)"}"#)) }
+
+@Suite struct BrokerCallsTests {
+    @Test func readsAndWritesAnswerWithPositions() async throws {
+        try await withTemporaryBroker(engine: "memory") { client in
+            let connection = try await client.connection()
+            try await connection.ping()
+            let first = try await connection.write("notes", .insert([item("a"), item("b"), item("c")]))
+            #expect(first.committed && first.sequence == 1)
+            let removed = try await connection.write("notes", .remove(["b"]), condition: .sequence(1))
+            #expect(removed.committed && removed.sequence == 2 && removed.epoch == first.epoch)
+
+            let count = try await connection.count("notes")
+            #expect(count.value == 2 && count.position == Position(epoch: first.epoch, sequence: 2))
+            let records = try await connection.records("notes")
+            #expect(records.value.map(\.id.string) == ["a", "c"] && records.position.sequence == 2)
+            #expect(try await connection.records("notes", after: "a", limit: 1).value.map(\.id.string) == ["c"])
+            #expect(try await connection.ids("notes").value.map(\.string) == ["a", "c"])
+            let slots = try await connection.items("notes", ids: ["c", "b"]).value
+            guard case .present(let c) = slots.first, case .missing(let b) = slots.last else {
+                Issue.record("expected c present and b missing, got \(slots)")
+                return
+            }
+            #expect(c.id.string == "c" && String(buffer: c.payload.bytes) == #"{"id":"c"}"# && b.string == "b")
+
+            let info = try await connection.storeInfo("notes")
+            #expect(info.name == "notes" && info.count == 2 && info.sequence == 2)
+            #expect(try await connection.stores().map(\.name) == ["notes"])
+            #expect(try await connection.engines().contains { $0.name == "memory" && $0.status == .loaded })
+
+            let dropped = try await connection.drop("notes")
+            #expect(dropped.committed)
+            #expect(try await connection.count("notes").value == 0)
+        }
+    }
+
+    @Test func refusalsAreStoreBrokerErrorsWithTheirCodes() async throws {
+        try await withTemporaryBroker(engine: "memory") { client in
+            let connection = try await client.connection()
+            _ = try await connection.write("notes", .insert([item("a")]))
+            let conflict = await #expect(throws: StoreBrokerError.self) {
+                try await connection.write("notes", .removeAll, condition: .sequence(7))
+            }
+            #expect(conflict?.isConflict == true)
+            #expect(try await connection.storeInfo("nothing").epoch == 0)
+            let gone = await #expect(throws: StoreBrokerError.self) { try await connection.records("notes", after: "zz") }
+            #expect(gone?.kind == .refused && gone?.code == .cursorGone)
+            let badName = await #expect(throws: StoreBrokerError.self) { try await connection.count("bad name/") }
+            #expect(badName?.code == .invalidName)
+            // Nothing was lost to the refusals.
+            #expect(try await connection.count("notes").value == 1)
+        }
+    }
+
+    @Test func valuesSetResetAndReadBack() async throws {
+        try await withTemporaryBroker(engine: "memory") { client in
+            let connection = try await client.connection()
+            let unset = try await connection.value("theme")
+            #expect(unset.value == .unset)
+            let set = try await connection.setValue("theme", to: Payload(#"{"dark":true}"#), condition: .absent)
+            #expect(set.committed)
+            let read = try await connection.value("theme")
+            #expect(read.value == .set(Payload(#"{"dark":true}"#)) && read.position.sequence == set.sequence)
+            let reset = try await connection.setValue("theme", to: nil, condition: .sequence(set.sequence))
+            #expect(reset.committed && reset.sequence == set.sequence + 1)
+            #expect(try await connection.value("theme").value == .unset)
+        }
+    }
+
+    /// More items than one request may carry go in several commits within the broker's limits, in order.
+    @Test func insertInBatchesKeepsToTheBrokersLimits() async throws {
+        try await withTemporaryBroker(engine: "memory", configure: { $0.broker.maxBatch = 100 }) { client in
+            let connection = try await client.connection()
+            let limits = connection.limits
+            let total = Int(limits.maxBatch) * 2 + 5
+            var reported: [Int] = []
+            let last = try await connection.insertInBatches(
+                "bulk", (0..<total).map { item(String($0)) }, condition: .absent, window: 2
+            ) { reported.append($0) }
+            #expect(last?.sequence == 3)
+            #expect(reported == [Int(limits.maxBatch) * 2, total])
+            #expect(try await connection.ids("bulk").value.map(\.string) == (0..<total).map(String.init))
+            // The condition is the first commit's only: a second run conflicts before writing anything.
+            await #expect(throws: StoreBrokerError.self) {
+                try await connection.insertInBatches("bulk", [item("x")], condition: .absent)
+            }
+            #expect(try await connection.count("bulk").value == UInt64(total))
+        }
+    }
+
+    /// `follow` yields the library's pushes: the snapshot, then each commit with its steps.
+    @Test func followYieldsPushes() async throws {
+        try await withTemporaryBroker(engine: "memory") { client in
+            let connection = try await client.connection()
+            _ = try await connection.write("notes", .insert([item("a")]))
+            var pushes = connection.follow(name: "notes").makeAsyncIterator()
+            guard case .storeLoaded(let at, let records)? = try await pushes.next() else {
+                Issue.record("the first push is not the snapshot")
+                return
+            }
+            #expect(at.sequence == 1 && records.map(\.id.string) == ["a"])
+            _ = try await connection.write("notes", .chain([.removeAll, .insert(items: [item("b")])]))
+            guard case .storeEvent(let commit)? = try await pushes.next() else {
+                Issue.record("the second push is not the commit")
+                return
+            }
+            #expect(commit.sequence == 2 && commit.steps.count == 2)
+        }
+    }
+}
