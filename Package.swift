@@ -2,6 +2,7 @@
 import PackageDescription
 
 // Layers (each target may import only those below it):
+//   ErrorShape        the one shape of every layer's error (code, message, cause, location); no dependencies
 //   StoreModel        the data stores are made of (ids, payloads, records, conditions, commits, pushes,
 //                     error codes); no codec, no I/O
 //   Wire              the binary protocol over StoreModel; NIOCore only, never a socket
@@ -40,6 +41,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
     ],
     targets: [
+        .target(name: "ErrorShape"),
         .target(name: "StoreModel", dependencies: [.product(name: "NIOCore", package: "swift-nio")]),
         .target(
             name: "Wire",
@@ -50,7 +52,7 @@ let package = Package(
         .target(
             name: "BrokerCore",
             dependencies: [
-                "StoreModel", "OrderedStorage", .product(name: "NIOCore", package: "swift-nio"),
+                "StoreModel", "ErrorShape", "OrderedStorage", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
             ]
@@ -59,10 +61,12 @@ let package = Package(
         .target(name: "CStorageEngine"),
         .target(
             name: "EngineLoader",
-            dependencies: ["BrokerCore", "CStorageEngine", "StoreModel", .product(name: "NIOCore", package: "swift-nio")]
+            dependencies: [
+                "BrokerCore", "CStorageEngine", "StoreModel", "ErrorShape", .product(name: "NIOCore", package: "swift-nio"),
+            ]
         ),
         // Helpers for engines written in Swift; linked into each engine library, never into the host.
-        .target(name: "StorageEngineKit", dependencies: ["CStorageEngine", "OrderedStorage"]),
+        .target(name: "StorageEngineKit", dependencies: ["CStorageEngine", "OrderedStorage", "ErrorShape"]),
         .target(
             name: "MemoryEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "OrderedStorage"],
             path: "Sources/Engines/memory"),
@@ -100,7 +104,7 @@ let package = Package(
         .target(
             name: "StoreBrokerClient",
             dependencies: [
-                "StoreModel", "Wire", "OrderedStorage", .product(name: "NIOCore", package: "swift-nio"),
+                "StoreModel", "ErrorShape", "Wire", "OrderedStorage", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),

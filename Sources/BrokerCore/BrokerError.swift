@@ -1,27 +1,15 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+@_exported import ErrorShape
 import Logging
-
-/// Where in the source an error was made: enough to find the line that decided it, from a log.
-public struct SourceLocation: Hashable, Sendable, CustomStringConvertible {
-    public var fileID: String
-    public var line: Int
-
-    public init(fileID: StaticString = #fileID, line: UInt = #line) {
-        self.fileID = "\(fileID)"
-        self.line = Int(line)
-    }
-
-    public var description: String { "\(fileID):\(line)" }
-}
 
 /// Every failure the broker reports: a stable code, a message for a human, the error it came from (an
 /// engine's failure, a system call's) and where it was decided.
 ///
 /// The code is the broker's own; the daemon projects it onto the protocol's `ErrorCode` when it answers a
 /// client (BrokerServer, `WireMapping`). Codes are never renamed or reused; new ones are only added.
-public struct BrokerError: Error, Sendable, CustomStringConvertible {
+public struct BrokerError: LayerError, Sendable {
     public enum Code: String, Hashable, Sendable, CaseIterable {
         /// A store or value name breaks the naming rules.
         case invalidName
@@ -81,6 +69,8 @@ public struct BrokerError: Error, Sendable, CustomStringConvertible {
         return copy
     }
 
+    public var codeName: String { code.name }
+
     public var description: String { "\(code.name): \(message)" }
 
     /// For logs: the code, where it was decided and the cause, never a payload.
@@ -89,15 +79,4 @@ public struct BrokerError: Error, Sendable, CustomStringConvertible {
         if let underlying { metadata["error.underlying"] = "\(underlying)" }
         return metadata
     }
-}
-
-/// A system call's failure (`errno`), as the underlying error of a `BrokerError`.
-public struct SystemError: Error, Hashable, Sendable, CustomStringConvertible {
-    public var code: Int32
-
-    public init(code: Int32) {
-        self.code = code
-    }
-
-    public var description: String { String(cString: strerror(code)) }
 }

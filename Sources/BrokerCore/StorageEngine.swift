@@ -33,7 +33,7 @@ public enum EngineStep: Hashable, Sendable {
 }
 
 /// A failure reported by an engine or by loading one.
-public struct EngineFailure: Error, Hashable, Sendable, CustomStringConvertible {
+public struct EngineFailure: LayerError, Sendable {
     public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
         public var rawValue: Int32
         public init(rawValue: Int32) { self.rawValue = rawValue }
@@ -67,11 +67,33 @@ public struct EngineFailure: Error, Hashable, Sendable, CustomStringConvertible 
     public var message: String
     /// The engine's name, when known.
     public var engine: String?
+    public var underlying: (any Error)?
+    public var location: SourceLocation
 
-    public init(_ code: Code, _ message: String, engine: String? = nil) {
+    public init(
+        _ code: Code, _ message: String, engine: String? = nil, underlying: (any Error)? = nil,
+        fileID: StaticString = #fileID, line: UInt = #line
+    ) {
         self.code = code
         self.message = message
         self.engine = engine
+        self.underlying = underlying
+        self.location = SourceLocation(fileID: fileID, line: line)
+    }
+
+    /// `io`, `corrupt`, `full`, `invalid`, `unsupported`, `stopped`, `internal`, `injected`, or `engine-N`.
+    public var codeName: String {
+        switch code {
+        case .io: "io"
+        case .corrupt: "corrupt"
+        case .full: "full"
+        case .invalid: "invalid"
+        case .unsupported: "unsupported"
+        case .stopped: "stopped"
+        case .internalError: "internal"
+        case .injected: "injected"
+        default: "engine-\(code.rawValue)"
+        }
     }
 
     public var description: String {

@@ -208,7 +208,7 @@ public final class BrokerDaemon: Sendable {
         let largest = WireProtocol.largestItem(maxFrameLength: configuration.maxFrameLength)
         guard configuration.broker.maxItemLength <= largest else {
             throw DaemonError(
-                "the largest item (\(configuration.broker.maxItemLength) bytes) must fit in one frame with the largest id "
+                .configuration, "the largest item (\(configuration.broker.maxItemLength) bytes) must fit in one frame with the largest id "
                     + "and store name: at most \(largest) bytes for frames of \(configuration.maxFrameLength)")
         }
         let socketPath = configuration.socketPath
@@ -222,9 +222,9 @@ public final class BrokerDaemon: Sendable {
                 }
                 switch DaemonPaths.occupant(of: socketPath) {
                 case .liveDaemon:
-                    throw DaemonError("a storebrokerd is already listening on \(socketPath)")
+                    throw DaemonError(.alreadyRunning, "a storebrokerd is already listening on \(socketPath)")
                 case .notASocket:
-                    throw DaemonError("\(socketPath) exists and is not a socket; refusing to replace it")
+                    throw DaemonError(.socket, "\(socketPath) exists and is not a socket; refusing to replace it")
                 case .staleSocket:
                     logger.info("replacing a stale socket", metadata: ["socket": "\(socketPath)"])
                 case .nothing:
@@ -233,7 +233,9 @@ public final class BrokerDaemon: Sendable {
             }
 
             let dataDirectory = configuration.broker.dataDirectory
-            guard dataDirectory.hasPrefix("/") else { throw DaemonError("the data directory must be absolute: \(dataDirectory)") }
+            guard dataDirectory.hasPrefix("/") else {
+                throw DaemonError(.configuration, "the data directory must be absolute: \(dataDirectory)")
+            }
             // Engines first: checking them touches no file of ours.
             let loader = EngineLoader(
                 searchPath: .standard(
@@ -261,7 +263,8 @@ public final class BrokerDaemon: Sendable {
                     configuration: configuration.broker, engines: engines, logger: logger, sealer: sealer,
                     observers: publisher.map { [$0] } ?? [])
             } catch {
-                throw DaemonError("cannot prepare the data directory \(dataDirectory): \(error.message)")
+                throw DaemonError(
+                    .dataDirectory, "cannot prepare the data directory \(dataDirectory): \(error.message)", underlying: error)
             }
 
             let registry = ConnectionRegistry()
@@ -275,25 +278,26 @@ public final class BrokerDaemon: Sendable {
                 do {
                     serverChannel = try await bootstrap.withBoundSocket(inherited).get()
                 } catch {
-                    throw DaemonError("cannot use the socket handed over by systemd (fd \(inherited)): \(error)")
+                    throw DaemonError(
+                        .socket, "cannot use the socket handed over by systemd (fd \(inherited)): \(error)", underlying: error)
                 }
             } else {
                 // Bind a temporary name in the same directory, then rename it into place.
                 let temporary = DaemonPaths.parent(of: socketPath) + "/.storebrokerd-\(getpid()).sock"
                 guard temporary.utf8.count <= SocketPath.maxLength else {
-                    throw DaemonError("the socket path is too long to bind beside it (\(temporary))")
+                    throw DaemonError(.socket, "the socket path is too long to bind beside it (\(temporary))")
                 }
                 unlink(temporary)
                 do {
                     serverChannel = try await bootstrap.bind(unixDomainSocketPath: temporary).get()
                 } catch {
-                    throw DaemonError("cannot listen on \(temporary): \(error)")
+                    throw DaemonError(.socket, "cannot listen on \(temporary): \(error)", underlying: error)
                 }
                 guard chmod(temporary, shared ? 0o666 : 0o600) == 0, rename(temporary, socketPath) == 0 else {
-                    let reason = DaemonPaths.errorText()
+                    let failure = DaemonError.system(.socket, "cannot put the socket in place at \(socketPath)")
                     unlink(temporary)
                     try? await serverChannel.close()
-                    throw DaemonError("cannot put the socket in place at \(socketPath): \(reason)")
+                    throw failure
                 }
             }
             var ready: Logger.Metadata = [

@@ -23,28 +23,28 @@ struct KeyFileSealer: ValueSealer {
         let path = dataDirectory + "/" + fileName
         var info = stat()
         if lstat(path, &info) != 0 {
-            guard errno == ENOENT else { throw DaemonError("cannot inspect \(path): \(DaemonPaths.errorText())") }
+            guard errno == ENOENT else { throw DaemonError.system(.secureValueKey, "cannot inspect \(path)") }
             return KeyFileSealer(keyBytes: try create(path))
         }
         guard info.st_mode & S_IFMT == S_IFREG else {
-            throw DaemonError("the secure-value key \(path) is not a regular file; refusing to use it")
+            throw DaemonError(.secureValueKey, "the secure-value key \(path) is not a regular file; refusing to use it")
         }
         guard info.st_uid == getuid() else {
             throw DaemonError(
-                "the secure-value key \(path) belongs to uid \(info.st_uid), not to this user (\(getuid())); refusing to use it")
+                .secureValueKey, "the secure-value key \(path) belongs to uid \(info.st_uid), not to this user (\(getuid())); refusing to use it")
         }
         guard info.st_mode & 0o077 == 0 else {
             throw DaemonError(
-                "the secure-value key \(path) has mode 0\(String(info.st_mode & 0o777, radix: 8)); it must be readable by "
+                .secureValueKey, "the secure-value key \(path) has mode 0\(String(info.st_mode & 0o777, radix: 8)); it must be readable by "
                     + "its owner only (chmod 600); refusing to use it")
         }
         let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-        guard fd >= 0 else { throw DaemonError("cannot open \(path): \(DaemonPaths.errorText())") }
+        guard fd >= 0 else { throw DaemonError.system(.secureValueKey, "cannot open \(path)") }
         defer { close(fd) }
         var bytes = [UInt8](repeating: 0, count: 64)
         let count = read(fd, &bytes, bytes.count)
         guard count == 32 else {
-            throw DaemonError("the secure-value key \(path) must hold exactly 32 bytes; it holds \(max(count, 0))")
+            throw DaemonError(.secureValueKey, "the secure-value key \(path) must hold exactly 32 bytes; it holds \(max(count, 0))")
         }
         return KeyFileSealer(keyBytes: Array(bytes[..<32]))
     }
@@ -52,12 +52,12 @@ struct KeyFileSealer: ValueSealer {
     private static func create(_ path: String) throws(DaemonError) -> [UInt8] {
         let key = SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) }
         let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw DaemonError("cannot create \(path): \(DaemonPaths.errorText())") }
+        guard fd >= 0 else { throw DaemonError.system(.secureValueKey, "cannot create \(path)") }
         defer { close(fd) }
         let written = key.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         guard written == 32, fsync(fd) == 0 else {
             unlink(path)
-            throw DaemonError("cannot write \(path): \(DaemonPaths.errorText())")
+            throw DaemonError.system(.secureValueKey, "cannot write \(path)")
         }
         return key
     }

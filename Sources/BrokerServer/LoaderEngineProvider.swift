@@ -24,7 +24,7 @@ struct LoaderEngineProvider: EngineProvider {
                 try loader.load(name).validate(options: options)
             }
         } catch {
-            throw DaemonError(error.description)
+            throw DaemonError(.engine, error.description, underlying: error)
         }
     }
 }

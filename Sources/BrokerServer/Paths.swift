@@ -23,7 +23,7 @@ public enum DaemonPaths {
         let up = parent(of: path)
         var created = up != path ? try makeDirectories(up) : []
         guard mkdir(path, 0o700) == 0 || errno == EEXIST else {
-            throw DaemonError("cannot create \(path): \(errorText())")
+            throw DaemonError.system(.dataDirectory, "cannot create \(path)")
         }
         created.append(path)
         return created
@@ -39,48 +39,46 @@ public enum DaemonPaths {
         return slash == path.startIndex ? "/" : String(path[..<slash])
     }
 
-    static func errorText(_ code: Int32 = errno) -> String { String(cString: strerror(code)) }
-
     /// Makes sure the socket's directory is safe: created with `mode` when missing (and only then given a
     /// mode); an existing one must be a real directory owned by us or by root, never a symbolic link. Returns
     /// the directory when it created it.
     static func prepareSocketDirectory(for socketPath: String, mode: mode_t) throws(DaemonError) -> String? {
-        guard socketPath.hasPrefix("/") else { throw DaemonError("the socket path must be absolute: \(socketPath)") }
+        guard socketPath.hasPrefix("/") else { throw DaemonError(.socket, "the socket path must be absolute: \(socketPath)") }
         guard socketPath.utf8.count <= SocketPath.maxLength else {
             throw DaemonError(
-                "the socket path is \(socketPath.utf8.count) bytes; a Unix socket path holds at most "
+                .socket, "the socket path is \(socketPath.utf8.count) bytes; a Unix socket path holds at most "
                     + "\(SocketPath.maxLength): \(socketPath)")
         }
         let directory = parent(of: socketPath)
         var info = stat()
         var created: String?
         if lstat(directory, &info) != 0 {
-            guard errno == ENOENT else { throw DaemonError("cannot inspect \(directory): \(errorText())") }
+            guard errno == ENOENT else { throw DaemonError.system(.socket, "cannot inspect \(directory)") }
             // Create missing ancestors (mode 0700 for ours), the directory itself with `mode`.
             let grandparent = parent(of: directory)
             var parentInfo = stat()
             if stat(grandparent, &parentInfo) != 0 {
-                throw DaemonError("the socket directory's parent \(grandparent) does not exist")
+                throw DaemonError(.socket, "the socket directory's parent \(grandparent) does not exist")
             }
             guard mkdir(directory, mode) == 0 || errno == EEXIST else {
-                throw DaemonError("cannot create the socket directory \(directory): \(errorText())")
+                throw DaemonError.system(.socket, "cannot create the socket directory \(directory)")
             }
             created = directory
             // mkdir applies the umask; the mode must be exactly what was asked.
             _ = chmod(directory, mode)
             guard lstat(directory, &info) == 0 else {
-                throw DaemonError("cannot inspect \(directory): \(errorText())")
+                throw DaemonError.system(.socket, "cannot inspect \(directory)")
             }
         }
         if info.st_mode & S_IFMT == S_IFLNK {
-            throw DaemonError("the socket directory \(directory) is a symbolic link; refusing to use it")
+            throw DaemonError(.socket, "the socket directory \(directory) is a symbolic link; refusing to use it")
         }
         guard info.st_mode & S_IFMT == S_IFDIR else {
-            throw DaemonError("the socket directory \(directory) is not a directory")
+            throw DaemonError(.socket, "the socket directory \(directory) is not a directory")
         }
         guard info.st_uid == getuid() || info.st_uid == 0 else {
             throw DaemonError(
-                "the socket directory \(directory) belongs to uid \(info.st_uid), not to this user (\(getuid())); "
+                .socket, "the socket directory \(directory) belongs to uid \(info.st_uid), not to this user (\(getuid())); "
                     + "refusing to use it")
         }
         return created
@@ -136,7 +134,7 @@ final class DataDirectoryLock: Sendable {
         var busyTries = 0
         for _ in 0..<200 {
             let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-            guard fd >= 0 else { throw DaemonError("cannot open \(path): \(DaemonPaths.errorText())") }
+            guard fd >= 0 else { throw DaemonError.system(.dataDirectory, "cannot open \(path)") }
             guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
                 let code = errno
                 close(fd)
@@ -146,9 +144,9 @@ final class DataDirectoryLock: Sendable {
                         usleep(20_000)
                         continue
                     }
-                    throw DaemonError("another storebrokerd is already using the data directory \(directory)")
+                    throw DaemonError(.alreadyRunning, "another storebrokerd is already using the data directory \(directory)")
                 }
-                throw DaemonError("cannot lock \(path): \(DaemonPaths.errorText(code))")
+                throw DaemonError.system(.dataDirectory, "cannot lock \(path)", errno: code)
             }
             var held = stat()
             var named = stat()
@@ -158,7 +156,7 @@ final class DataDirectoryLock: Sendable {
             }
             close(fd)
         }
-        throw DaemonError("cannot lock \(path): it keeps being replaced")
+        throw DaemonError(.dataDirectory, "cannot lock \(path): it keeps being replaced")
     }
 
     /// Lets another daemon use the directory.

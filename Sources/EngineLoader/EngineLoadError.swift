@@ -1,5 +1,7 @@
+import ErrorShape
+
 /// Why an engine could not be found or loaded. Every case names the file (or the paths searched) and the reason.
-public struct EngineLoadError: Error, Hashable, Sendable, CustomStringConvertible {
+public struct EngineLoadError: LayerError, Sendable {
     public enum Reason: String, Hashable, Sendable {
         /// No `libstorebroker-engine-NAME.so` on the search path.
         case notFound
@@ -25,12 +27,21 @@ public struct EngineLoadError: Error, Hashable, Sendable, CustomStringConvertibl
     /// The file concerned, if there is one.
     public var path: String?
     public var message: String
+    public var underlying: (any Error)?
+    public var location: SourceLocation
 
-    public init(_ reason: Reason, path: String?, _ message: String) {
+    public init(
+        _ reason: Reason, path: String?, _ message: String, underlying: (any Error)? = nil,
+        fileID: StaticString = #fileID, line: UInt = #line
+    ) {
         self.reason = reason
         self.path = path
         self.message = message
+        self.underlying = underlying
+        self.location = SourceLocation(fileID: fileID, line: line)
     }
+
+    public var codeName: String { reason.rawValue }
 
     public var description: String {
         if let path { "\(path): \(message)" } else { message }

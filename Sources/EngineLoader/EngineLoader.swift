@@ -171,12 +171,14 @@ public final class EngineLoader: Sendable {
             named += "/" + component
             var info = stat()
             guard stat(named, &info) == 0 else {
-                throw EngineLoadError(.loadFailed, path: path, "cannot inspect \(named): \(String(cString: strerror(errno)))")
+                let cause = SystemError.current
+                throw EngineLoadError(.loadFailed, path: path, "cannot inspect \(named): \(cause)", underlying: cause)
             }
             try checkDirectory(info, named, for: path)
         }
         guard let resolved = realpath(path, nil) else {
-            throw EngineLoadError(.loadFailed, path: path, "cannot resolve: \(String(cString: strerror(errno)))")
+            let cause = SystemError.current
+            throw EngineLoadError(.loadFailed, path: path, "cannot resolve: \(cause)", underlying: cause)
         }
         let real = String(cString: resolved)
         free(resolved)
@@ -247,7 +249,8 @@ public final class EngineLoader: Sendable {
     private static func checkFile(_ fd: Int32, _ path: String) throws(EngineLoadError) {
         var info = stat()
         guard fstat(fd, &info) == 0 else {
-            throw EngineLoadError(.loadFailed, path: path, "cannot stat: \(String(cString: strerror(errno)))")
+            let cause = SystemError.current
+            throw EngineLoadError(.loadFailed, path: path, "cannot stat: \(cause)", underlying: cause)
         }
         guard info.st_mode & S_IFMT == S_IFREG else {
             throw EngineLoadError(.notSharedObject, path: path, "not a regular file")

@@ -1,4 +1,5 @@
 import CStorageEngine
+@_exported import ErrorShape
 
 #if canImport(Glibc)
 import Glibc
@@ -14,27 +15,63 @@ import Glibc
 // The kit turns the C calls into Swift calls and Swift errors into `sb_error` reports. It is linked into each
 // engine library on its own; the host never links it (it loads engines only through the C ABI).
 
-/// A failure an engine reports: an SB_ERR_* code and a message.
-public struct EngineError: Error, Sendable {
+/// A failure an engine reports: an SB_ERR_* code and a message (what crosses the C ABI to the host), the error
+/// it came from and where the engine decided it (for the engine's own tests and logs).
+public struct EngineError: LayerError, Sendable {
     public var code: Int32
     public var message: String
+    public var underlying: (any Error)?
+    public var location: SourceLocation
 
-    public init(_ code: Int32, _ message: String) {
+    public init(
+        _ code: Int32, _ message: String, underlying: (any Error)? = nil, fileID: StaticString = #fileID,
+        line: UInt = #line
+    ) {
         self.code = code
         self.message = message
+        self.underlying = underlying
+        self.location = SourceLocation(fileID: fileID, line: line)
     }
 
-    public static func io(_ message: String) -> EngineError { EngineError(Int32(SB_ERR_IO), message) }
-    public static func invalid(_ message: String) -> EngineError { EngineError(Int32(SB_ERR_INVALID), message) }
-    public static func corrupt(_ message: String) -> EngineError { EngineError(Int32(SB_ERR_CORRUPT), message) }
+    public static func io(_ message: String, fileID: StaticString = #fileID, line: UInt = #line) -> EngineError {
+        EngineError(Int32(SB_ERR_IO), message, fileID: fileID, line: line)
+    }
+
+    public static func invalid(_ message: String, fileID: StaticString = #fileID, line: UInt = #line) -> EngineError {
+        EngineError(Int32(SB_ERR_INVALID), message, fileID: fileID, line: line)
+    }
+
+    public static func corrupt(_ message: String, fileID: StaticString = #fileID, line: UInt = #line) -> EngineError {
+        EngineError(Int32(SB_ERR_CORRUPT), message, fileID: fileID, line: line)
+    }
+
     public static let stopped = EngineError(Int32(SB_ERR_STOPPED), "stopped by the host")
 
     /// An I/O error from `errno`, naming what was being done. ENOSPC and EDQUOT become SB_ERR_FULL.
-    public static func errno(_ what: String, _ code: Int32 = Glibc.errno) -> EngineError {
-        let text = String(cString: strerror(code))
+    public static func errno(
+        _ what: String, _ code: Int32 = Glibc.errno, fileID: StaticString = #fileID, line: UInt = #line
+    ) -> EngineError {
+        let cause = SystemError(code: code)
         let status = code == ENOSPC || code == EDQUOT ? Int32(SB_ERR_FULL) : Int32(SB_ERR_IO)
-        return EngineError(status, "\(what): \(text)")
+        return EngineError(status, "\(what): \(cause)", underlying: cause, fileID: fileID, line: line)
     }
+
+    /// The SB_ERR_* name: `io`, `corrupt`, `full`, `invalid`, `unsupported`, `stopped`, `internal`, `injected`.
+    public var codeName: String {
+        switch code {
+        case Int32(SB_ERR_IO): "io"
+        case Int32(SB_ERR_CORRUPT): "corrupt"
+        case Int32(SB_ERR_FULL): "full"
+        case Int32(SB_ERR_INVALID): "invalid"
+        case Int32(SB_ERR_UNSUPPORTED): "unsupported"
+        case Int32(SB_ERR_STOPPED): "stopped"
+        case Int32(SB_ERR_INTERNAL): "internal"
+        case Int32(SB_ERR_INJECTED): "injected"
+        default: "engine-\(code)"
+        }
+    }
+
+    public var description: String { "\(codeName): \(message)" }
 }
 
 /// An engine: its description, and opening and dropping stores.

@@ -201,7 +201,7 @@ extension Mutex where Value: MirrorState {
 
     /// The mirror stops for good: waiters are released (load waiters with the error), streams end.
     func stop(with error: any Error) {
-        let failure = error as? StoreBrokerError ?? StoreBrokerError(.protocolViolation, "\(error)")
+        let failure = error as? StoreBrokerError ?? StoreBrokerError(.protocolViolation, "\(error)", underlying: error)
         let (loaded, released, streams) = withLock { state in
             state.phase = .error(failure)
             defer {

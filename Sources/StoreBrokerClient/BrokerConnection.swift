@@ -51,7 +51,8 @@ public final class BrokerConnection: Sendable {
             if let timeAmount { bootstrap = bootstrap.connectTimeout(timeAmount) }
             channel = try await bootstrap.connect(unixDomainSocketPath: socketPath).get()
         } catch {
-            throw StoreBrokerError(.cannotConnect, "cannot connect to the broker at \(socketPath): \(Self.describe(error))")
+            throw StoreBrokerError(
+                .cannotConnect, "cannot connect to the broker at \(socketPath): \(Self.describe(error))", underlying: error)
         }
         do {
             let (welcome, handler) = try await channel.eventLoop.flatSubmit {
@@ -68,7 +69,7 @@ public final class BrokerConnection: Sendable {
             return BrokerConnection(welcome: welcome, channel: channel, handler: handler)
         } catch {
             try? await channel.close()
-            throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)")
+            throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
         }
     }
 
@@ -83,7 +84,7 @@ public final class BrokerConnection: Sendable {
         do {
             return try await channel.eventLoop.flatSubmit { [handler] in handler.value.send(request) }.get()
         } catch {
-            throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)")
+            throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
         }
     }
 
@@ -94,14 +95,14 @@ public final class BrokerConnection: Sendable {
         do {
             futures = try await channel.eventLoop.submit { [handler] in requests.map { handler.value.send($0) } }.get()
         } catch {
-            throw StoreBrokerError(.connectionClosed, "\(error)")
+            throw StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
         }
         var results: [Result<ServerMessage, StoreBrokerError>] = []
         for future in futures {
             do {
                 results.append(.success(try await future.get()))
             } catch {
-                results.append(.failure(error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)")))
+                results.append(.failure(error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)))
             }
         }
         return results
@@ -115,7 +116,7 @@ public final class BrokerConnection: Sendable {
         do {
             return try await channel.eventLoop.flatSubmit { [handler] in handler.value.subscribe(request) }.get()
         } catch {
-            throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)")
+            throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
         }
     }
 
@@ -381,9 +382,9 @@ final class ClientHandler: ChannelInboundHandler {
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         if let error = error as? IOError, error.errnoCode == ECONNRESET || error.errnoCode == EPIPE {
             // A broker that closes while our bytes are unread resets the connection: it is still a close.
-            fail(StoreBrokerError(.connectionClosed, "the broker closed the connection (reset)"))
+            fail(StoreBrokerError(.connectionClosed, "the broker closed the connection (reset)", underlying: error))
         } else {
-            fail(StoreBrokerError(.connectionClosed, "connection error: \(error)"))
+            fail(StoreBrokerError(.connectionClosed, "connection error: \(error)", underlying: error))
         }
         context.close(promise: nil)
     }

@@ -23,15 +23,6 @@ public struct StoreEvent<Item: Sendable>: Sendable {
     public var sequence: UInt64
 }
 
-/// An item the broker holds that does not decode as `Item`.
-public struct ItemDecodingError: Error, CustomStringConvertible, Sendable {
-    public var store: String
-    public var id: String
-    public var message: String
-
-    public var description: String { "item \(id.debugDescription) of store \(store) cannot be decoded: \(message)" }
-}
-
 /// A store of the broker as a Boutique-like `Store`, shared by every process that opens it.
 ///
 /// `items` is a local mirror kept current by a subscription; writes go to the broker, which is their only
@@ -157,7 +148,9 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
         do {
             return try JSONDecoder().decode(Item.self, from: Data(record.payload.bytes.readableBytesView))
         } catch {
-            throw ItemDecodingError(store: name, id: record.id.string, message: "\(error)")
+            throw StoreBrokerError(
+                .cannotDecode, "item \(record.id.string.debugDescription) of store \(name) cannot be decoded: \(error)",
+                underlying: error)
         }
     }
 

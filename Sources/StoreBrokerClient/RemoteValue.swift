@@ -52,7 +52,7 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
         do {
             return try JSONDecoder().decode(Value.self, from: Data(payload.bytes.readableBytesView))
         } catch {
-            throw ItemDecodingError(store: "values", id: name, message: "\(error)")
+            throw StoreBrokerError(.cannotDecode, "value \(name) cannot be decoded: \(error)", underlying: error)
         }
     }
 

@@ -58,7 +58,7 @@ public final class TemporaryBroker: Sendable {
         configure: (inout ServerConfiguration) -> Void = { _ in }
     ) async throws {
         var template = Array("/tmp/sbt-XXXXXX".utf8CString)
-        guard let made = mkdtemp(&template) else { throw DaemonError("cannot create a temporary directory in /tmp") }
+        guard let made = mkdtemp(&template) else { throw DaemonError.system(.configuration, "cannot create a temporary directory in /tmp") }
         directory = String(cString: made)
         var configuration = ServerConfiguration(
             socketPath: directory + "/s.sock",

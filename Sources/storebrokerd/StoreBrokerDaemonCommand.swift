@@ -227,6 +227,12 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         do {
             try await BrokerDaemon.run(configuration: configuration, logger: logger)
         } catch {
+            logger.debug(
+                "cannot start",
+                metadata: [
+                    "error.code": "\(error.codeName)", "error.location": "\(error.location)",
+                    "error.causes": "\(error.detailedDescription)",
+                ])
             FileHandle.standardError.write(Data("storebrokerd: \(error.message)\n".utf8))
             throw ExitCode(1)
         }

@@ -41,7 +41,7 @@ struct Ping: AsyncParsableCommand {
                     return
                 } catch {
                     // Tried again while the broker is unreachable (exit 69), until the wait is over.
-                    let failure = (error as? Failure) ?? (error as? StoreBrokerError).map(Failure.init)
+                    let failure = (error as? Failure) ?? (error as? StoreBrokerError).map { Failure($0) }
                     guard failure?.code == Failure.unavailable, ContinuousClock.now < deadline else { throw error }
                     try await Task.sleep(for: .milliseconds(50))
                 }

@@ -83,10 +83,12 @@ enum OutputFormat: String, ExpressibleByArgument, CaseIterable {
     static var automatic: OutputFormat { isatty(STDOUT_FILENO) == 1 ? .table : .ndjson }
 }
 
-/// A failure with its exit code (docs/CLI.md).
-struct Failure: Error, CustomStringConvertible {
+/// A failure with its exit code (docs/CLI.md), the error it came from and where storectl decided it.
+struct Failure: LayerError {
     var code: Int32
     var message: String
+    var underlying: (any Error)?
+    var location: SourceLocation
 
     static let usage: Int32 = 64
     static let badInput: Int32 = 65
@@ -98,16 +100,23 @@ struct Failure: Error, CustomStringConvertible {
     static let protocolError: Int32 = 76
     static let permission: Int32 = 77
 
-    init(_ code: Int32, _ message: String) {
+    init(
+        _ code: Int32, _ message: String, underlying: (any Error)? = nil, fileID: StaticString = #fileID,
+        line: UInt = #line
+    ) {
         self.code = code
         self.message = message
+        self.underlying = underlying
+        self.location = SourceLocation(fileID: fileID, line: line)
     }
 
-    init(_ error: StoreBrokerError) {
-        message = error.description
+    /// A library error's message under the exit code its kind and code map to.
+    init(_ error: StoreBrokerError, fileID: StaticString = #fileID, line: UInt = #line) {
+        let code: Int32
         switch error.kind {
         case .cannotConnect, .connectionClosed, .timedOut: code = Self.unavailable
         case .protocolViolation: code = Self.protocolError
+        case .cannotDecode: code = Self.badInput
         case .refused:
             switch error.code ?? .internalError {
             case .invalidName, .invalidID, .itemTooLarge, .batchTooLarge, .invalidRequest: code = Self.badInput
@@ -119,6 +128,23 @@ struct Failure: Error, CustomStringConvertible {
             case .notSupported, .internalError: code = Self.software
             default: code = Self.protocolError
             }
+        }
+        self.init(code, error.description, underlying: error, fileID: fileID, line: line)
+    }
+
+    /// The exit code's name, as docs/CLI.md lists them.
+    var codeName: String {
+        switch code {
+        case Self.usage: "usage"
+        case Self.badInput: "bad-input"
+        case Self.notFound: "not-found"
+        case Self.unavailable: "unavailable"
+        case Self.software: "internal"
+        case Self.ioError: "io"
+        case Self.conflict: "conflict"
+        case Self.protocolError: "protocol"
+        case Self.permission: "permission"
+        default: "exit-\(code)"
         }
     }
 

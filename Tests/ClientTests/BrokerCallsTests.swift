@@ -59,6 +59,17 @@ private func item(_ id: String) -> Item { Item(id: ItemID(id), payload: Payload(
         }
     }
 
+    /// No broker: the error says so, keeps the socket's own error as its cause and where it was decided.
+    @Test func noBrokerIsCannotConnectWithItsCause() async throws {
+        let error = await #expect(throws: StoreBrokerError.self) {
+            try await BrokerConnection.connect(socketPath: "/tmp/storebroker-nobody-\(UInt64.random(in: 0..<1 << 60)).sock", clientName: "t")
+        }
+        #expect(error?.kind == .cannotConnect && error?.codeName == "cannotConnect")
+        #expect(error?.underlying != nil)
+        #expect(error?.location.fileID == "StoreBrokerClient/BrokerConnection.swift")
+        #expect(error?.causes.count == 2)
+    }
+
     @Test func valuesSetResetAndReadBack() async throws {
         try await withTemporaryBroker(engine: "memory") { client in
             let connection = try await client.connection()
