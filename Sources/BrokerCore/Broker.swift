@@ -22,11 +22,14 @@ public struct BrokerConfiguration: Sendable {
     public var maxBatch: Int
     /// The most write requests one engine transaction may carry (group commit).
     public var maxGroupCommit: Int
+    /// The most threads writers run on at once (`--writer-threads`): each store with work is pinned to one,
+    /// calling its engine synchronously; an idle store holds none.
+    public var writerThreads: Int
 
     public init(
         dataDirectory: String, defaultEngine: String = "sqlite", engineOptions: [String: [String: String]] = [:],
         history: Int = 1024, historyBytes: Int = 64 << 20, subscriberBuffer: Int = 1024, maxItemLength: Int = 1 << 20, maxBatch: Int = 10_000,
-        maxGroupCommit: Int = 512
+        maxGroupCommit: Int = 512, writerThreads: Int = 4
     ) {
         self.dataDirectory = dataDirectory
         self.defaultEngine = defaultEngine
@@ -37,11 +40,13 @@ public struct BrokerConfiguration: Sendable {
         self.maxItemLength = maxItemLength
         self.maxBatch = maxBatch
         self.maxGroupCommit = maxGroupCommit
+        self.writerThreads = writerThreads
     }
 }
 
-/// Told of every commit, for broadcasting (the D-Bus publisher). Called in sequence order per store or value,
-/// while the store's lock is held: it must only hand the news over (a bounded queue), never block.
+/// Told of every commit, for broadcasting (the D-Bus publisher): a listener of the broadcaster, like the socket
+/// subscribers. Called by the store's writer after the commit, outside any lock, in sequence order per store
+/// or value; it must only hand the news over (a bounded queue), never block, since the commit's answers wait.
 public protocol CommitObserver: Sendable {
     /// One commit of a store: its steps in order (a `removeAll` is a remove of every id). A drop is reported
     /// as a remove of every id the store held, at sequence 0.
@@ -57,6 +62,20 @@ public protocol EngineProvider: Sendable {
     func engine(named name: String) throws(BrokerError) -> any StorageEngine
     /// Every engine the broker could use, for `listEngines`.
     func engineList() -> [EngineInfo]
+}
+
+/// One request of a batch (`Broker.handle(_:context:)`): the command, the subscription a `subscribe` needs,
+/// and where its answer goes.
+public struct BrokerRequest: Sendable {
+    public var command: BrokerCommand
+    public var subscription: Subscription?
+    public var reply: Reply
+
+    public init(_ command: BrokerCommand, subscription: Subscription? = nil, reply: @escaping Reply) {
+        self.command = command
+        self.subscription = subscription
+        self.reply = reply
+    }
 }
 
 /// The stores and values of one data directory and the requests on them, with no networking.
@@ -96,7 +115,8 @@ public final class Broker: Sendable {
         for note in try directory.prepare() { logger.warning("data directory of the first layout: \(note)") }
         try directory.removeLeftovers()
         let environment = StoreEnvironment(
-            directory: directory, engines: engines, configuration: configuration, logger: logger, observers: observers)
+            directory: directory, engines: engines, configuration: configuration, logger: logger, observers: observers,
+            writers: WriterPool(limit: configuration.writerThreads))
         self.environment = environment
         values = ValueSpace(namespace: .value, environment: environment, sealer: nil)
         secureValues = ValueSpace(namespace: .secureValue, environment: environment, sealer: sealer)
@@ -118,19 +138,57 @@ public final class Broker: Sendable {
         _ command: BrokerCommand, context: RequestContext = .owner, subscription: Subscription? = nil,
         reply: @escaping Reply
     ) {
+        handle([BrokerRequest(command, subscription: subscription, reply: reply)], context: context)
+    }
+
+    /// Carries out the requests of one read cycle of a peer, in order. Reads are answered before this returns
+    /// (from memory, on the caller's thread) unless their store is still loading; the writes for one store
+    /// (or value namespace) reach its writer together, in one hand-off, and are answered after their commit.
+    public func handle(_ requests: [BrokerRequest], context: RequestContext = .owner) {
+        var storeWrites: [String: [PendingWrite]] = [:]
+        var valueWrites: [Namespace: [ValueSpace.Write]] = [:]
+        for request in requests {
+            let command = request.command
+            let reply = observed(command, context: context, request.reply)
+            if let error = rejection(of: command, context: context) {
+                reply(.failure(error))
+                continue
+            }
+            switch command {
+            case .write(let name, let write, let condition):
+                storeWrites[name, default: []].append(PendingWrite(kind: .write(write), condition: condition, reply: reply))
+            case .drop(let name, let condition):
+                storeWrites[name, default: []].append(PendingWrite(kind: .drop, condition: condition, reply: reply))
+            case .setValue(let namespace, let name, let value, let condition):
+                valueWrites[namespace, default: []].append(
+                    .init(name: name, value: value?.owned.bytes, condition: condition, reply: reply))
+            default:
+                perform(command, context: context, subscription: request.subscription, reply: reply)
+            }
+        }
+        for (name, writes) in storeWrites { store(name).submit(writes) }
+        for (namespace, writes) in valueWrites { valueSpace(namespace).submit(writes) }
+    }
+
+    /// The first interceptor's refusal of `command`, if any.
+    private func rejection(of command: BrokerCommand, context: RequestContext) -> BrokerError? {
+        for interceptor in interceptors {
+            if let error = interceptor.check(command, context: context) { return error }
+        }
+        return nil
+    }
+
+    /// `reply`, after every interceptor has observed the outcome and how long it took.
+    private func observed(_ command: BrokerCommand, context: RequestContext, _ reply: @escaping Reply) -> Reply {
         let interceptors = interceptors
         let start = ContinuousClock.now
-        let finish: Reply = { outcome in
+        return { outcome in
             let duration = ContinuousClock.now - start
             for interceptor in interceptors {
                 interceptor.observe(command, context: context, outcome: outcome, duration: duration)
             }
             reply(outcome)
         }
-        for interceptor in interceptors {
-            if let error = interceptor.check(command, context: context) { return finish(.failure(error)) }
-        }
-        perform(command, context: context, subscription: subscription, reply: finish)
     }
 
     private func perform(
@@ -152,11 +210,9 @@ public final class Broker: Sendable {
         case .get(let name, let ids): store(name).items(ids, reply)
         case .range(let name, let after, let limit): store(name).range(after: after, limit: limit, reply)
         case .ids(let name, let after, let limit): store(name).ids(after: after, limit: limit, reply)
-        case .write(let name, let write, let condition): submit(name, .write(write), condition, reply)
-        case .drop(let name, let condition): submit(name, .drop, condition, reply)
+        case .write, .drop, .setValue:
+            preconditionFailure("writes are handed to their writer by handle(_:context:)")
         case .getValue(let namespace, let name): valueSpace(namespace).get(name, reply)
-        case .setValue(let namespace, let name, let value, let condition):
-            valueSpace(namespace).submit(.init(name: name, value: value?.owned.bytes, condition: condition, reply: reply))
         case .subscribe(let namespace, let name, let start):
             guard let subscription, subscription.namespace == namespace, subscription.name == name else {
                 return reply(.failure(BrokerError(.internalError, "a subscribe reached the broker without its subscription")))
@@ -167,10 +223,6 @@ public final class Broker: Sendable {
                 valueSpace(namespace).subscribe(subscription, start: start, reply)
             }
         }
-    }
-
-    private func submit(_ name: String, _ kind: PendingWrite.Kind, _ condition: Condition, _ reply: @escaping Reply) {
-        store(name).submit(PendingWrite(kind: kind, condition: condition, reply: reply))
     }
 
     /// Every existing store, in name byte order.
@@ -220,5 +272,6 @@ public final class Broker: Sendable {
             group.addTask { await self.secureValues.shutdown() }
         }
         await environment.tasks.waitForAll()
+        environment.writers.stop()
     }
 }

@@ -22,7 +22,7 @@ struct EnginePlace: Sendable {
     /// What the place holds, or `nil` when it does not exist. An engine that cannot be loaded is an error,
     /// never an empty result; so is an engine that opens at sequence 0 where the manifest records a commit
     /// (its files were lost or replaced): the place is then broken, not empty.
-    func load() async throws(BrokerError) -> Loaded? {
+    func load() throws(BrokerError) -> Loaded? {
         guard var manifest = try environment.directory.manifest(place) else { return nil }
         let engine: any StorageEngine
         do throws(BrokerError) {
@@ -30,7 +30,7 @@ struct EnginePlace: Sendable {
         } catch {
             throw error.context("\(describe) cannot be served: ")
         }
-        let store = try await open(engine)
+        let store = try open(engine)
         do throws(BrokerError) {
             if manifest.committed, store.openedSequence == 0 {
                 throw BrokerError(
@@ -41,10 +41,10 @@ struct EnginePlace: Sendable {
             if !manifest.committed, store.openedSequence > 0, let updated = recordCommitted(manifest) {
                 manifest = updated
             }
-            let records = try await Self.engineCall { () throws(EngineFailure) in try await store.scanAll() }
+            let records = try Self.engineCall { () throws(EngineFailure) in try store.scanAll() }
             return Loaded(manifest: manifest, engine: engine, store: store, records: records)
         } catch {
-            await store.close()
+            store.close()
             throw error
         }
     }
@@ -70,12 +70,12 @@ struct EnginePlace: Sendable {
 
     /// Deletes a place that cannot be loaded: through its engine when that can be loaded (a failure there is
     /// logged), then the directory with whatever is left in it.
-    func dropBroken() async throws(BrokerError) {
+    func dropBroken() throws(BrokerError) {
         if let manifest = try? environment.directory.manifest(place),
             let engine = try? environment.engines.engine(named: manifest.engine)
         {
             do throws(BrokerError) {
-                return try await drop(engine: engine)
+                return try drop(engine: engine)
             } catch {
                 environment.logger.warning("engine \(engine.name) could not drop \(describe): \(error.message); removing its directory")
             }
@@ -84,38 +84,38 @@ struct EnginePlace: Sendable {
     }
 
     /// Creates the place (directory and manifest) unless `existing` says it exists, and opens its store.
-    func create(engine: any StorageEngine, existing: Manifest?, epoch: UInt64) async throws(BrokerError)
+    func create(engine: any StorageEngine, existing: Manifest?, epoch: UInt64) throws(BrokerError)
         -> (Manifest, any EngineStore)
     {
         let manifest = existing ?? Manifest(engine: engine.name, epoch: epoch)
         if existing == nil { try environment.directory.create(place, manifest: manifest) }
-        return (manifest, try await open(engine))
+        return (manifest, try open(engine))
     }
 
-    private func open(_ engine: any StorageEngine) async throws(BrokerError) -> any EngineStore {
+    private func open(_ engine: any StorageEngine) throws(BrokerError) -> any EngineStore {
         let directory = place.engineDirectory
         let storeName = storeName
         let options = options(engine)
-        return try await Self.engineCall { () throws(EngineFailure) in
-            try await engine.open(directory: directory, store: storeName, options: options)
+        return try Self.engineCall { () throws(EngineFailure) in
+            try engine.open(directory: directory, store: storeName, options: options)
         }
     }
 
     /// Deletes the engine's data and the place.
-    func drop(engine: any StorageEngine) async throws(BrokerError) {
+    func drop(engine: any StorageEngine) throws(BrokerError) {
         let directory = place.engineDirectory
         let storeName = storeName
         let options = options(engine)
-        try await Self.engineCall { () throws(EngineFailure) in
-            try await engine.drop(directory: directory, store: storeName, options: options)
+        try Self.engineCall { () throws(EngineFailure) in
+            try engine.drop(directory: directory, store: storeName, options: options)
         }
         try environment.directory.remove(place)
     }
 
     /// Maps an engine's failure to the broker's error codes, keeping it as the cause.
-    static func engineCall<T>(_ body: () async throws(EngineFailure) -> T) async throws(BrokerError) -> T {
+    static func engineCall<T>(_ body: () throws(EngineFailure) -> T) throws(BrokerError) -> T {
         do throws(EngineFailure) {
-            return try await body()
+            return try body()
         } catch {
             throw BrokerError(error.code == .full ? .storageFull : .engineError, error.description, underlying: error)
         }

@@ -25,18 +25,25 @@ struct StoreEnvironment: Sendable {
     let configuration: BrokerConfiguration
     let logger: Logger
     var observers: [any CommitObserver] = []
-    /// Every task the broker's stores and namespaces start; shutdown waits for them all.
+    /// The threads writers run on.
+    let writers: WriterPool
+    /// Every task and writer job the broker's stores and namespaces start; shutdown waits for them all.
     var tasks = TaskTracker()
+
+    /// Runs `job` on the writer pool, counted until it returns.
+    func onWriter(_ job: @escaping @Sendable () -> Void) { tasks.run(on: writers, job) }
 }
 
 /// One store: its committed items in memory, its writer, its history and its subscribers.
 ///
 /// The store is the only writer of its engine store. Writes queue in `pending` in the order they were
-/// submitted; one writer task at a time takes them in groups, plans each against the committed items plus
-/// the effects of those before it (`WritePlanner`), hands the engine one transaction for the whole group and,
-/// once the engine has committed, updates memory, records the events and offers them to subscribers, all
-/// under the lock, then answers. Reads take the lock only to copy what they answer, so they never wait for
-/// the engine.
+/// submitted (a connection hands in all the writes one read cycle produced for the store at once); the
+/// store's writer, one job at a time on the broker's writer pool, takes them in groups, plans each against the
+/// committed items plus the effects of those before it (`WritePlanner`), calls the engine synchronously with
+/// one transaction for the whole group and, once the engine has committed, publishes: memory and history
+/// change under the lock, in O(items changed). Then, outside the lock, it broadcasts the commits (one shared
+/// push per commit for every subscriber, then the observers) and answers the group. Reads take the lock only
+/// to copy what they answer, from the event loop, so they never wait for the engine.
 final class ManagedStore: Sendable {
     let name: String
     private let environment: StoreEnvironment
@@ -106,7 +113,7 @@ final class ManagedStore: Sendable {
         switch action {
         case .run: body(nil)
         case .wait: break
-        case .load: environment.tasks.spawn { await self.load() }
+        case .load: environment.onWriter { self.load() }
         }
     }
 
@@ -122,9 +129,9 @@ final class ManagedStore: Sendable {
         EnginePlace(environment: environment, place: environment.directory.store(name), storeName: name)
     }
 
-    private func load() async {
+    private func load() {
         do throws(BrokerError) {
-            let loaded = try await place.load()
+            let loaded = try place.load()
             let contents = StoreContents(records: loaded?.records.map(ItemRecord.init(engineRecord:)) ?? [])
             let sequence = loaded?.store.openedSequence ?? 0
             if let loaded {
@@ -147,7 +154,7 @@ final class ManagedStore: Sendable {
                 defer { state.waiting = [] }
                 return (state.waiting, state.stopping ? loaded?.store : nil)
             }
-            if let late { await late.close() }
+            late?.close()
             for body in waiting { body(nil) }
             startWriterIfNeeded()
         } catch {
@@ -167,7 +174,7 @@ final class ManagedStore: Sendable {
             guard let drop else { return state.failLoad(error) }
             for write in before { write.reply(.failure(error)) }
             do throws(BrokerError) {
-                try await place.dropBroken()
+                try place.dropBroken()
             } catch {
                 logger.error("drop of a store that cannot be loaded failed: \(error.message)", metadata: error.logMetadata)
                 drop.reply(.failure(error))
@@ -175,7 +182,7 @@ final class ManagedStore: Sendable {
             }
             logger.notice("store dropped without loading it")
             drop.reply(.success(.written(CommitResult(committed: true, epoch: 0, sequence: 0))))
-            await load()
+            load()
         }
     }
 
@@ -286,26 +293,45 @@ final class ManagedStore: Sendable {
         subscription.cancel()
     }
 
-    /// Offers a push to every subscriber; forgets those that lagged or went away.
-    private static func broadcast(_ push: Push, at position: Position, in state: inout State) {
+    /// After a commit, outside the lock and in sequence order: each push goes to every subscriber (its
+    /// encoding made once, shared), then the commits to the observers (D-Bus); subscribers that lagged or went
+    /// away are forgotten.
+    private func broadcast(_ pushes: [(Push, Position)], to subscribers: [Subscription], commits: [Commit]) {
         var ended: [ObjectIdentifier] = []
-        for (key, subscription) in state.subscribers where !subscription.offer(push, at: position) {
-            ended.append(key)
+        if !subscribers.isEmpty {
+            for (push, position) in pushes {
+                let shared = SharedPush(push)
+                for subscription in subscribers where !subscription.offer(shared, at: position) {
+                    ended.append(ObjectIdentifier(subscription))
+                }
+            }
         }
-        for key in ended { state.subscribers.removeValue(forKey: key) }
+        for observer in environment.observers {
+            for commit in commits {
+                observer.storeCommitted(store: name, epoch: commit.epoch, sequence: commit.sequence, steps: commit.steps)
+            }
+        }
+        if !ended.isEmpty {
+            state.withLock { state in
+                for key in ended { state.subscribers.removeValue(forKey: key) }
+            }
+        }
     }
 
     // MARK: Writes
 
-    /// Queues a write; it is answered once committed (or refused).
-    func submit(_ write: PendingWrite) {
+    /// Queues writes, in order; each is answered once committed (or refused). A connection hands in every
+    /// write one read cycle produced for this store in one call: one lock, at most one wake-up of the writer.
+    func submit(_ writes: [PendingWrite]) {
         let queued = state.withLock { state -> Bool in
             guard !state.stopping else { return false }
-            state.pending.append(write)
+            state.pending.append(contentsOf: writes)
             return true
         }
         guard queued else {
-            return write.reply(.failure(BrokerError(.shuttingDown, "the broker is shutting down")))
+            let error = BrokerError(.shuttingDown, "the broker is shutting down")
+            for write in writes { write.reply(.failure(error)) }
+            return
         }
         whenLoaded { failure in
             if failure == nil { self.startWriterIfNeeded() }
@@ -319,7 +345,7 @@ final class ManagedStore: Sendable {
             state.writing = true
             return true
         }
-        if start { environment.tasks.spawn { await self.runWriter() } }
+        if start { environment.onWriter { self.runWriter() } }
     }
 
     private enum Batch {
@@ -327,8 +353,13 @@ final class ManagedStore: Sendable {
         case drop(PendingWrite)
     }
 
-    private func runWriter() async {
-        while true {
+    /// Commit groups a writer job makes before it lets other stores' jobs have its thread.
+    private static let groupsPerTurn = 16
+
+    /// The writer's job: commits what is queued, group after group, until the queue is empty (the store then
+    /// holds no thread) or it has had its turn (it queues itself behind the other stores' jobs).
+    private func runWriter() {
+        for _ in 0..<Self.groupsPerTurn {
             let (batch, idle) = state.withLock { state -> (Batch?, [CheckedContinuation<Void, Never>]) in
                 guard let first = state.pending.first else {
                     state.writing = false
@@ -354,10 +385,11 @@ final class ManagedStore: Sendable {
                 return
             }
             switch batch {
-            case .group(let writes): await commit(writes)
-            case .drop(let write): await drop(write)
+            case .group(let writes): commit(writes)
+            case .drop(let write): drop(write)
             }
         }
+        environment.onWriter { self.runWriter() }
     }
 
     private enum Outcome {
@@ -394,7 +426,7 @@ final class ManagedStore: Sendable {
         return try environment.engines.engine(named: environment.configuration.defaultEngine)
     }
 
-    private func commit(_ writes: [PendingWrite]) async {
+    private func commit(_ writes: [PendingWrite]) {
         let engine: any StorageEngine
         do throws(BrokerError) {
             engine = try resolveEngine()
@@ -444,9 +476,9 @@ final class ManagedStore: Sendable {
             return
         }
         do throws(BrokerError) {
-            let store = try await engineStore(engine, epoch: epoch)
-            try await EnginePlace.engineCall { () throws(EngineFailure) in
-                try await store.apply(steps, sequence: finalSequence)
+            let store = try engineStore(engine, epoch: epoch)
+            try EnginePlace.engineCall { () throws(EngineFailure) in
+                try store.apply(steps, sequence: finalSequence)
             }
         } catch {
             logger.error(
@@ -465,23 +497,23 @@ final class ManagedStore: Sendable {
 
         state.recordFirstCommit(in: place)
 
-        // Committed: memory, history and subscribers, in sequence order, under the lock.
+        // Committed: memory and history, in sequence order, under the lock; then the broadcast and the answers.
+        var commits: [Commit] = []
+        for outcome in outcomes {
+            guard case .committed(let sequence, let events) = outcome else { continue }
+            commits.append(Commit(epoch: epoch, sequence: sequence, steps: events))
+        }
         let configuration = environment.configuration
-        state.withLock { state in
-            for outcome in outcomes {
-                guard case .committed(let sequence, let events) = outcome else { continue }
-                state.contents.apply(events)
-                let event = Commit(epoch: epoch, sequence: sequence, steps: events)
-                state.history.append(
-                    event, maxCount: configuration.history, maxBytes: configuration.historyBytes)
-                Self.broadcast(.storeEvent(event), at: event.position, in: &state)
-                for observer in environment.observers {
-                    observer.storeCommitted(store: name, epoch: epoch, sequence: sequence, steps: events)
-                }
+        let subscribers = state.withLock { state in
+            for commit in commits {
+                state.contents.apply(commit.steps)
+                state.history.append(commit, maxCount: configuration.history, maxBytes: configuration.historyBytes)
             }
             state.epoch = epoch
             state.sequence = finalSequence
+            return Array(state.subscribers.values)
         }
+        broadcast(commits.map { (.storeEvent($0), $0.position) }, to: subscribers, commits: commits)
         answer(writes, outcomes, epoch: epoch)
     }
 
@@ -498,10 +530,10 @@ final class ManagedStore: Sendable {
     }
 
     /// The open engine store, creating the store (directory, manifest, engine files) on its first commit.
-    private func engineStore(_ engine: any StorageEngine, epoch: UInt64) async throws(BrokerError) -> any EngineStore {
+    private func engineStore(_ engine: any StorageEngine, epoch: UInt64) throws(BrokerError) -> any EngineStore {
         let (open, existing) = state.withLock { ($0.engineStore, $0.manifest) }
         if let open { return open }
-        let (manifest, store) = try await place.create(engine: engine, existing: existing, epoch: epoch)
+        let (manifest, store) = try place.create(engine: engine, existing: existing, epoch: epoch)
         state.withLock { state in
             state.manifest = manifest
             state.engine = engine
@@ -511,7 +543,7 @@ final class ManagedStore: Sendable {
         return store
     }
 
-    private func drop(_ write: PendingWrite) async {
+    private func drop(_ write: PendingWrite) {
         let (info, manifest, engine, store) = state.withLock { ($0.info, $0.manifest, $0.engine, $0.engineStore) }
         if let conflict = conflict(write.condition, epoch: info.epoch, sequence: info.sequence) {
             return write.reply(.failure(conflict))
@@ -522,33 +554,32 @@ final class ManagedStore: Sendable {
         do throws(BrokerError) {
             if let store {
                 state.withLock { $0.engineStore = nil }
-                await store.close()
+                store.close()
             }
             let dropper: any StorageEngine
             if let engine { dropper = engine } else { dropper = try environment.engines.engine(named: manifest.engine) }
-            try await place.drop(engine: dropper)
+            try place.drop(engine: dropper)
         } catch {
             logger.error("drop failed: \(error.message)", metadata: error.logMetadata)
             // Reload from whatever is left before the next request.
             state.withLock { $0.phase = .unloaded }
             return write.reply(.failure(error))
         }
-        state.withLock { state in
-            if !environment.observers.isEmpty, state.contents.count > 0 {
-                let steps: [EventStep] = [.remove(ids: state.contents.ids)]
-                for observer in environment.observers {
-                    observer.storeCommitted(store: name, epoch: 0, sequence: 0, steps: steps)
-                }
-            }
+        let (subscribers, removed) = state.withLock { state in
+            let removed = !environment.observers.isEmpty && state.contents.count > 0 ? state.contents.ids : []
             state.contents = StoreContents()
             state.epoch = 0
             state.sequence = 0
             state.manifest = nil
             state.engine = nil
             state.history = EventHistory()
-            let dropped = Position(epoch: info.epoch, sequence: info.sequence)
-            Self.broadcast(.dropped(dropped), at: Position(epoch: 0, sequence: 0), in: &state)
+            return (Array(state.subscribers.values), removed)
         }
+        // Observers hear of a drop as a remove of every id the store held, at sequence 0.
+        let dropped = Position(epoch: info.epoch, sequence: info.sequence)
+        broadcast(
+            [(.dropped(dropped), Position(epoch: 0, sequence: 0))], to: subscribers,
+            commits: removed.isEmpty ? [] : [Commit(epoch: 0, sequence: 0, steps: [.remove(ids: removed)])])
         logger.info("store dropped", metadata: ["epoch": "\(info.epoch)", "sequence": "\(info.sequence)"])
         write.reply(.success(.written(CommitResult(committed: true, epoch: 0, sequence: 0))))
     }
@@ -556,7 +587,7 @@ final class ManagedStore: Sendable {
     // MARK: Shutdown
 
     /// Refuses new writes, waits for the queued ones to finish, then closes the engine store.
-    func shutdown() async { await state.shutDownWriter() }
+    func shutdown() async { await state.shutDownWriter(on: environment) }
 }
 
 extension ItemRecord {

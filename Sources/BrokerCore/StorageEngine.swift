@@ -101,7 +101,7 @@ public struct EngineFailure: LayerError, Sendable {
     }
 }
 
-/// A storage engine: opens and drops stores.
+/// A storage engine: opens and drops stores. Calls block (see `EngineStore`).
 public protocol StorageEngine: Sendable {
     var name: String { get }
     var version: String { get }
@@ -110,27 +110,28 @@ public protocol StorageEngine: Sendable {
     var optionKeys: [String] { get }
 
     /// Opens (creating if needed) a store whose data lives in `directory`, a directory for this store alone.
-    func open(directory: String, store: String, options: [String: String]) async throws(EngineFailure)
+    func open(directory: String, store: String, options: [String: String]) throws(EngineFailure)
         -> any EngineStore
     /// Deletes the store's data from `directory`. The store must not be open.
-    func drop(directory: String, store: String, options: [String: String]) async throws(EngineFailure)
+    func drop(directory: String, store: String, options: [String: String]) throws(EngineFailure)
 }
 
-/// One open store of an engine. Calls are serialized; each runs on a thread made for blocking work.
+/// One open store of an engine. Every call blocks until the engine is done: the broker makes them one at a time,
+/// from the store's writer (a thread of the writer pool, made for blocking work), never from an event loop.
 public protocol EngineStore: AnyObject, Sendable {
     /// The sequence recorded by the last `apply`, as read when the store was opened (0 for a new store).
     var openedSequence: UInt64 { get }
 
     /// Applies `steps` in order and records `sequence`, all or nothing.
-    func apply(_ steps: [EngineStep], sequence: UInt64) async throws(EngineFailure)
+    func apply(_ steps: [EngineStep], sequence: UInt64) throws(EngineFailure)
     /// The records for `keys`, in request order; `nil` for a missing key.
-    func get(_ keys: [[UInt8]]) async throws(EngineFailure) -> [EngineRecord?]
+    func get(_ keys: [[UInt8]]) throws(EngineFailure) -> [EngineRecord?]
     /// Every record, in the store's order.
-    func scanAll() async throws(EngineFailure) -> [EngineRecord]
-    func count() async throws(EngineFailure) -> UInt64
+    func scanAll() throws(EngineFailure) -> [EngineRecord]
+    func count() throws(EngineFailure) -> UInt64
     /// Every key, in the store's order.
-    func allKeys() async throws(EngineFailure) -> [[UInt8]]
-    func contains(_ key: [UInt8]) async throws(EngineFailure) -> Bool
+    func allKeys() throws(EngineFailure) -> [[UInt8]]
+    func contains(_ key: [UInt8]) throws(EngineFailure) -> Bool
     /// Releases the store. No other call may follow.
-    func close() async
+    func close()
 }

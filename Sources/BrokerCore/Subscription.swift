@@ -1,10 +1,34 @@
 import DequeModule
+import NIOCore
 import Synchronization
 import StoreModel
 
+/// A push as the broadcaster hands it to every subscriber of a commit: made once per commit, with the bytes
+/// the first connection encodes it into kept for the others (only the subscription id differs between them,
+/// and that lives in the frame headers, which each connection writes itself).
+public final class SharedPush: Sendable {
+    public let push: Push
+    private let encoding = Mutex<ByteBuffer?>(nil)
+
+    public init(_ push: Push) {
+        self.push = push
+    }
+
+    /// The encoded push: made by `encode` the first time, the same bytes (shared storage) afterwards.
+    public func encoded(_ encode: (Push) -> ByteBuffer) -> ByteBuffer {
+        if let done = encoding.withLock({ $0 }) { return done }
+        let made = encode(push)
+        return encoding.withLock { encoding in
+            if let earlier = encoding { return earlier }
+            encoding = made
+            return made
+        }
+    }
+}
+
 /// One subscriber's view of a store: the pushes it has yet to receive, in order, in a bounded buffer.
 ///
-/// The store's writer offers pushes while it holds the store's lock and never waits: when the buffer is full
+/// The store's writer offers pushes after each commit, outside the store's lock, and never waits: when the buffer is full
 /// the subscription ends with a `lagged` notice after what it already holds, and the store forgets it. The
 /// connection that owns the subscription takes pushes out (`take(max:)`) when `wake` tells it there are some,
 /// as fast as its socket lets it.
@@ -18,7 +42,7 @@ public final class Subscription: Sendable {
     private let state: Mutex<State>
 
     private struct State {
-        var queue = Deque<Push>()
+        var queue = Deque<SharedPush>()
         var ended = false
         var wakePending = false
         /// The position of the last push queued, for the `lagged` notice.
@@ -42,10 +66,16 @@ public final class Subscription: Sendable {
     /// with). Returns `false` when the subscription is over (it lagged now, or was cancelled).
     @discardableResult
     func offer(_ push: Push, at position: Position, force: Bool = false) -> Bool {
+        offer(SharedPush(push), at: position, force: force)
+    }
+
+    /// Queues a push shared with other subscribers (see `offer(_:at:force:)`).
+    @discardableResult
+    func offer(_ push: SharedPush, at position: Position, force: Bool = false) -> Bool {
         let (alive, mustWake) = state.withLock { state -> (Bool, Bool) in
             guard !state.ended else { return (false, false) }
             if !force, state.queue.count >= capacity {
-                state.queue.append(.lagged(state.position))
+                state.queue.append(SharedPush(.lagged(state.position)))
                 state.ended = true
             } else {
                 state.queue.append(push)
@@ -60,7 +90,7 @@ public final class Subscription: Sendable {
     }
 
     /// Up to `max` pushes, oldest first. When this empties the buffer, the next offer wakes the owner again.
-    public func take(max: Int) -> [Push] {
+    public func take(max: Int) -> [SharedPush] {
         state.withLock { state in
             let count = Swift.min(max, state.queue.count)
             let out = Array(state.queue.prefix(count))

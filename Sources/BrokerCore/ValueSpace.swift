@@ -17,7 +17,8 @@ public protocol ValueSealer: Sendable {
 /// name: `u64 sequence, u8 state (0 unset, 1 set), bytes` (sealed for secure values). A reset keeps its record
 /// as "unset" so that the value's sequence keeps counting and an old sequence never matches again. Each value
 /// has its own sequence and events; the namespace has one epoch (its manifest's). Writes queue and are
-/// committed in groups like a store's; reads answer from memory.
+/// committed in groups like a store's, by the same kind of writer job on the broker's writer pool; reads
+/// answer from memory.
 final class ValueSpace: Sendable {
     let namespace: Namespace
     private let environment: StoreEnvironment
@@ -89,12 +90,12 @@ final class ValueSpace: Sendable {
             return (false, !state.loading)
         }
         if run { body(nil) }
-        if load { environment.tasks.spawn { await self.load() } }
+        if load { environment.onWriter { self.load() } }
     }
 
-    private func load() async {
+    private func load() {
         do throws(BrokerError) {
-            let loaded = try await place.load()
+            let loaded = try place.load()
             var values: [String: Entry] = [:]
             for record in loaded?.records ?? [] {
                 let name = String(decoding: record.key, as: UTF8.self)
@@ -113,7 +114,7 @@ final class ValueSpace: Sendable {
                 defer { state.waiting = [] }
                 return (state.waiting, state.stopping ? loaded?.store : nil)
             }
-            if let late { await late.close() }
+            late?.close()
             for body in waiting { body(nil) }
             startWriterIfNeeded()
         } catch {
@@ -200,16 +201,23 @@ final class ValueSpace: Sendable {
 
     // MARK: Writes
 
-    func submit(_ write: Write) {
+    /// Queues writes, in order (all those of one read cycle of a connection at once).
+    func submit(_ writes: [Write]) {
         guard isSecure == false || sealer != nil else {
-            return write.reply(.failure(BrokerError(.notSupported, "this broker has no key for secure values")))
+            let error = BrokerError(.notSupported, "this broker has no key for secure values")
+            for write in writes { write.reply(.failure(error)) }
+            return
         }
         let queued = state.withLock { state -> Bool in
             guard !state.stopping else { return false }
-            state.pending.append(write)
+            state.pending.append(contentsOf: writes)
             return true
         }
-        guard queued else { return write.reply(.failure(BrokerError(.shuttingDown, "the broker is shutting down"))) }
+        guard queued else {
+            let error = BrokerError(.shuttingDown, "the broker is shutting down")
+            for write in writes { write.reply(.failure(error)) }
+            return
+        }
         whenLoaded { failure in
             if failure == nil { self.startWriterIfNeeded() }
         }
@@ -221,11 +229,12 @@ final class ValueSpace: Sendable {
             state.writing = true
             return true
         }
-        if start { environment.tasks.spawn { await self.runWriter() } }
+        if start { environment.onWriter { self.runWriter() } }
     }
 
-    private func runWriter() async {
-        while true {
+    /// The writer's job, as a store's: groups until the queue is empty, or a turn's worth.
+    private func runWriter() {
+        for _ in 0..<16 {
             let (group, idle) = state.withLock { state -> ([Write], [CheckedContinuation<Void, Never>]) in
                 guard !state.pending.isEmpty else {
                     state.writing = false
@@ -240,8 +249,9 @@ final class ValueSpace: Sendable {
                 for waiter in idle { waiter.resume() }
                 return
             }
-            await commit(group)
+            commit(group)
         }
+        environment.onWriter { self.runWriter() }
     }
 
     private enum Outcome {
@@ -272,7 +282,7 @@ final class ValueSpace: Sendable {
         return BrokerError(.conflict, "\(isSecure ? "secure value" : "value") \(name) \(now); the write expected \(expected)")
     }
 
-    private func commit(_ writes: [Write]) async {
+    private func commit(_ writes: [Write]) {
         let now = currentTimeMilliseconds()
         // Plan each write against the values as the writes before it leave them.
         let plan: Result<(outcomes: [Outcome], steps: [EngineStep], epoch: UInt64, commits: UInt64), BrokerError> =
@@ -318,9 +328,9 @@ final class ValueSpace: Sendable {
         }
         if !planned.steps.isEmpty {
             do throws(BrokerError) {
-                let store = try await engineStore(epoch: planned.epoch)
-                try await EnginePlace.engineCall { () throws(EngineFailure) in
-                    try await store.apply(planned.steps, sequence: planned.commits)
+                let store = try engineStore(epoch: planned.epoch)
+                try EnginePlace.engineCall { () throws(EngineFailure) in
+                    try store.apply(planned.steps, sequence: planned.commits)
                 }
             } catch {
                 logger.error("commit failed, nothing changed: \(error.message)", metadata: error.logMetadata)
@@ -330,24 +340,33 @@ final class ValueSpace: Sendable {
                 return
             }
             state.recordFirstCommit(in: place)
-            state.withLock { state in
+            // Published under the lock; broadcast outside it, in order.
+            let changes = state.withLock { state in
+                var changes: [(name: String, entry: Entry, subscribers: [Subscription])] = []
                 for outcome in planned.outcomes {
                     guard case .committed(let name, let entry) = outcome else { continue }
                     state.values[name] = entry
-                    let position = Position(epoch: planned.epoch, sequence: entry.sequence)
-                    let event = Push.valueEvent(position, self.state(of: entry, withheld: isSecure))
-                    var ended: [ObjectIdentifier] = []
-                    for (key, subscription) in state.subscribers[name] ?? [:]
-                    where !subscription.offer(event, at: position) {
-                        ended.append(key)
-                    }
-                    for key in ended { state.subscribers[name]?.removeValue(forKey: key) }
-                    for observer in environment.observers {
-                        observer.valueChanged(name: name, sequence: entry.sequence, secure: isSecure)
-                    }
+                    changes.append((name, entry, Array((state.subscribers[name] ?? [:]).values)))
                 }
                 state.epoch = planned.epoch
                 state.commits = planned.commits
+                return changes
+            }
+            var ended: [(String, ObjectIdentifier)] = []
+            for change in changes {
+                let position = Position(epoch: planned.epoch, sequence: change.entry.sequence)
+                let event = SharedPush(.valueEvent(position, self.state(of: change.entry, withheld: isSecure)))
+                for subscription in change.subscribers where !subscription.offer(event, at: position) {
+                    ended.append((change.name, ObjectIdentifier(subscription)))
+                }
+                for observer in environment.observers {
+                    observer.valueChanged(name: change.name, sequence: change.entry.sequence, secure: isSecure)
+                }
+            }
+            if !ended.isEmpty {
+                state.withLock { state in
+                    for (name, key) in ended { state.subscribers[name]?.removeValue(forKey: key) }
+                }
             }
         }
         for (write, outcome) in zip(writes, planned.outcomes) { answer(write, outcome, epoch: planned.epoch) }
@@ -363,12 +382,12 @@ final class ValueSpace: Sendable {
         }
     }
 
-    private func engineStore(epoch: UInt64) async throws(BrokerError) -> any EngineStore {
+    private func engineStore(epoch: UInt64) throws(BrokerError) -> any EngineStore {
         let (open, existing, known) = state.withLock { ($0.engineStore, $0.manifest, $0.engine) }
         if let open { return open }
         let engine: any StorageEngine
         if let known { engine = known } else { engine = try environment.engines.engine(named: environment.configuration.defaultEngine) }
-        let (manifest, store) = try await place.create(engine: engine, existing: existing, epoch: epoch)
+        let (manifest, store) = try place.create(engine: engine, existing: existing, epoch: epoch)
         state.withLock { state in
             state.manifest = manifest
             state.engine = engine
@@ -377,5 +396,5 @@ final class ValueSpace: Sendable {
         return store
     }
 
-    func shutdown() async { await state.shutDownWriter() }
+    func shutdown() async { await state.shutDownWriter(on: environment) }
 }

@@ -14,7 +14,7 @@ protocol WriterState {
     associatedtype Write: QueuedWrite
     /// Writes waiting for the writer, in order.
     var pending: Deque<Write> { get set }
-    /// A writer task is running.
+    /// A writer job is queued or running on the writer pool.
     var writing: Bool { get }
     /// Requests waiting for the load to finish.
     var waiting: [@Sendable (BrokerError?) -> Void] { get set }
@@ -61,8 +61,9 @@ extension Mutex where Value: WriterState {
         withLock { $0.manifest = updated }
     }
 
-    /// Refuses new writes, waits for the queued ones to finish, then closes the engine store.
-    func shutDownWriter() async {
+    /// Refuses new writes, waits for the queued ones to finish, then closes the engine store (on the writer
+    /// pool: closing may block).
+    func shutDownWriter(on environment: StoreEnvironment) async {
         let busy = withLock { state in
             state.stopping = true
             return state.isBusy
@@ -81,12 +82,19 @@ extension Mutex where Value: WriterState {
             defer { state.engineStore = nil }
             return state.engineStore
         }
-        await store?.close()
+        guard let store else { return }
+        await withCheckedContinuation { continuation in
+            environment.onWriter {
+                store.close()
+                continuation.resume()
+            }
+        }
     }
 }
 
-/// The tasks a broker starts (store and namespace loads, writers, listings): counted from before they start
-/// until they end, so that shutdown can wait for every one. None outlives `Broker.shutdown()`.
+/// The tasks and writer jobs a broker starts (store and namespace loads, writers, listings): counted from
+/// before they start until they end, so that shutdown can wait for every one. None outlives
+/// `Broker.shutdown()`.
 final class TaskTracker: Sendable {
     private struct State {
         var running = 0
@@ -100,14 +108,27 @@ final class TaskTracker: Sendable {
         state.withLock { $0.running += 1 }
         Task {
             await body()
-            let waiters = self.state.withLock { state in
-                state.running -= 1
-                guard state.running == 0 else { return [CheckedContinuation<Void, Never>]() }
-                defer { state.idleWaiters = [] }
-                return state.idleWaiters
-            }
-            for waiter in waiters { waiter.resume() }
+            self.finished()
         }
+    }
+
+    /// Runs `job` on `pool`, counted until it returns.
+    func run(on pool: WriterPool, _ job: @escaping @Sendable () -> Void) {
+        state.withLock { $0.running += 1 }
+        pool.run {
+            job()
+            self.finished()
+        }
+    }
+
+    private func finished() {
+        let waiters = state.withLock { state in
+            state.running -= 1
+            guard state.running == 0 else { return [CheckedContinuation<Void, Never>]() }
+            defer { state.idleWaiters = [] }
+            return state.idleWaiters
+        }
+        for waiter in waiters { waiter.resume() }
     }
 
     /// Returns once no task is running (tasks they start are waited for too).

@@ -348,7 +348,9 @@ public final class BrokerDaemon: Sendable {
                         })
                 }
             }
-            .childChannelOption(.maxMessagesPerRead, value: 4)
+            // Up to 16 reads of at most 64 KiB (NIO's adaptive allocator) per read cycle: 1 MiB, far under
+            // --max-connection-bytes, and everything a pipelining client sent is taken in one cycle.
+            .childChannelOption(.maxMessagesPerRead, value: 16)
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelOption(.writeBufferWaterMark, value: ConnectionHandler.writeBufferWaterMark)
             .childChannelInitializer { channel in

@@ -11,6 +11,11 @@ import Wire
 /// returns are performed in order. An answer the broker gives at once (a read from memory) arrives while
 /// actions are being performed: its actions queue behind the current ones, and the connection flushes once
 /// when the queue is empty, so one read cycle is one flush however many requests it carried.
+///
+/// The writes one read cycle starts go to the broker together when the actions are done (`Broker.handle(_:
+/// context:)`: one hand-off per store). Answers from other threads (a writer's commit group, a load) land in
+/// the connection's inbox, and one event-loop task takes whatever has gathered there into the machine as one
+/// event: one hand-off and one flush per batch of answers, not per answer.
 final class ConnectionHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
@@ -28,6 +33,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private var machine: ConnectionStateMachine?
 
     private var pending = Deque<ConnectionStateMachine.Action>()
+    /// The writes started by the actions being performed, handed to the broker once they are done.
+    private var writes: [BrokerRequest] = []
+    private let inbox = AnswerInbox()
     /// Bytes of the writes in `pending`: written as far as the machine is concerned, not yet in the channel.
     private var pendingBytes = 0
     private var performing = false
@@ -74,6 +82,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         self.context = nil
         machine = nil
         pending = []
+        writes = []
         pendingBytes = 0
     }
 
@@ -149,6 +158,13 @@ final class ConnectionHandler: ChannelDuplexHandler {
         defer { performing = false }
         while true {
             while let action = pending.popFirst() { execute(action) }
+            if !writes.isEmpty {
+                // A write refused at once (an interceptor) answers here, and its actions queue up: go round again.
+                let batch = writes
+                writes = []
+                broker.handle(batch, context: requestContext)
+                continue
+            }
             if needsFlush, let context {
                 needsFlush = false
                 context.flush()
@@ -170,14 +186,20 @@ final class ConnectionHandler: ChannelDuplexHandler {
             context.read()
         case .start(let slot, let command, let subscription):
             let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
-            broker.handle(command, context: requestContext, subscription: subscription) { result in
+            let inbox = inbox
+            let reply: Reply = { result in
                 if loop.eventLoop.inEventLoop {
                     loop.value.event { $0.answered(slot: slot, result, io: $1) }
-                } else {
-                    loop.eventLoop.execute { loop.value.event { $0.answered(slot: slot, result, io: $1) } }
+                } else if inbox.post(slot, result) {
+                    loop.eventLoop.execute { loop.value.takeInbox() }
                 }
             }
-            if machine?.awaits(slot: slot) == true { event { $0.startReturned(slot: slot, io: $1) } }
+            if command.isWrite {
+                writes.append(BrokerRequest(command, subscription: subscription, reply: reply))
+            } else {
+                broker.handle(command, context: requestContext, subscription: subscription, reply: reply)
+                if machine?.awaits(slot: slot) == true { event { $0.startReturned(slot: slot, io: $1) } }
+            }
         case .unsubscribe(let subscription):
             broker.unsubscribe(subscription)
         case .established(let clientName):
@@ -210,6 +232,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
     }
 
+    /// Everything answered from other threads since the last time, as one event.
+    private func takeInbox() {
+        let answers = inbox.takeAll()
+        event { $0.answered(answers, io: $1) }
+    }
+
     private func schedule(
         in delay: TimeAmount,
         _ body: @escaping @Sendable (inout ConnectionStateMachine, ConnectionStateMachine.IOState) -> [ConnectionStateMachine.Action]
@@ -217,6 +245,30 @@ final class ConnectionHandler: ChannelDuplexHandler {
         guard let context else { return nil }
         let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
         return context.eventLoop.scheduleTask(in: delay) { loop.value.event(body) }
+    }
+}
+
+/// Answers given on other threads (writers), gathered until the connection's event loop takes them: the
+/// first answer of a batch schedules one task on the loop, the others only join it.
+final class AnswerInbox: Sendable {
+    typealias Answer = (UInt64, Result<BrokerAnswer, BrokerError>)
+    private let state = Mutex<(answers: [Answer], scheduled: Bool)>(([], false))
+
+    /// Adds an answer; true when the caller must schedule the task that takes them.
+    func post(_ slot: UInt64, _ result: Result<BrokerAnswer, BrokerError>) -> Bool {
+        state.withLock { state in
+            state.answers.append((slot, result))
+            defer { state.scheduled = true }
+            return !state.scheduled
+        }
+    }
+
+    func takeAll() -> [Answer] {
+        state.withLock { state in
+            state.scheduled = false
+            defer { state.answers = [] }
+            return state.answers
+        }
     }
 }
 

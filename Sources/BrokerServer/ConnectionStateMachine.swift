@@ -74,8 +74,10 @@ struct ConnectionStateMachine {
     /// Requests not yet answered on the wire, in request order; `base` is the absolute index of the first.
     private var slots = Deque<Slot>()
     private var base: UInt64 = 0
-    /// Writes whose answer has not arrived.
-    private var openWrites = Set<UInt64>()
+    /// Writes whose answer has not arrived, in slot order (writes start in slot order). Answered ones are
+    /// removed from `answeredWrites` lazily at the front, so the oldest open write is found in O(1) amortized.
+    private var openWrites = Deque<UInt64>()
+    private var answeredWrites = Set<UInt64>()
     /// Requests held back so that a read sees this connection's earlier writes (and later requests keep
     /// their order behind it).
     private var held = Deque<Held>()
@@ -161,12 +163,22 @@ struct ConnectionStateMachine {
 
     /// The broker answered the request in `slot`.
     mutating func answered(slot: UInt64, _ result: Result<BrokerAnswer, BrokerError>, io: IOState) -> [Action] {
+        answered(CollectionOfOne((slot, result)), io: io)
+    }
+
+    /// The broker answered these requests (all the answers of one commit group for this connection, say): one
+    /// event, one flush.
+    mutating func answered(
+        _ answers: some Sequence<(UInt64, Result<BrokerAnswer, BrokerError>)>, io: IOState
+    ) -> [Action] {
         begin(io)
-        if awaitingStart == slot {
-            awaitingStart = nil
-            startHeld()
+        for (slot, result) in answers {
+            if awaitingStart == slot {
+                awaitingStart = nil
+                startHeld()
+            }
+            record(slot: slot, result.map(\.message).mapError(\.wireError))
         }
-        record(slot: slot, result.map(\.message).mapError(\.wireError))
         flushAnswers()
         emit(.flush)
         processInput()
@@ -279,6 +291,8 @@ struct ConnectionStateMachine {
         readyBytes = 0
         input = ByteBuffer()
         slots = []
+        openWrites = []
+        answeredWrites = []
         for subscription in subscriptions.values { emit(.unsubscribe(subscription)) }
         subscriptions = [:]
         flowing = []
@@ -456,8 +470,10 @@ struct ConnectionStateMachine {
     }
 
     /// A read waits for this connection's earlier writes, so a client reads its own writes.
-    private func mayStart(_ request: ConnectionRequest, slot: UInt64) -> Bool {
-        request.isWrite || (openWrites.min() ?? .max) > slot
+    private mutating func mayStart(_ request: ConnectionRequest, slot: UInt64) -> Bool {
+        if request.isWrite { return true }
+        while let oldest = openWrites.first, answeredWrites.remove(oldest) != nil { openWrites.removeFirst() }
+        return (openWrites.first ?? .max) > slot
     }
 
     private mutating func startHeld() {
@@ -482,7 +498,7 @@ struct ConnectionStateMachine {
                 slots[Int(slot - base)].opensSubscription = subscriptionID
                 subscription = made
             }
-            if command.isWrite { openWrites.insert(slot) } else { awaitingStart = slot }
+            if command.isWrite { openWrites.append(slot) } else { awaitingStart = slot }
             emit(.start(slot: slot, command: command, subscription: subscription))
         case .unsubscribe(let subscriptionID):
             if let subscription = subscriptions.removeValue(forKey: subscriptionID) {
@@ -500,7 +516,8 @@ struct ConnectionStateMachine {
 
     /// Keeps the answer of `slot` until the answers before it have gone out.
     private mutating func record(slot: UInt64, _ result: Result<ServerMessage, WireError>) {
-        let wasWrite = openWrites.remove(slot) != nil
+        let wasWrite = isOpenWrite(slot)
+        if wasWrite { answeredWrites.insert(slot) }
         guard slot >= base, slot - base < UInt64(slots.count) else { return }  // the connection went away
         let index = Int(slot - base)
         let id = slots[index].id
@@ -522,6 +539,18 @@ struct ConnectionStateMachine {
         slots[index].answer = out
         readyBytes += out.readableBytes
         if wasWrite { startHeld() }
+    }
+
+    private func isOpenWrite(_ slot: UInt64) -> Bool {
+        guard let first = openWrites.first, slot >= first, !answeredWrites.contains(slot) else { return false }
+        // Slots are increasing: a binary search finds it.
+        var low = 0
+        var high = openWrites.count
+        while low < high {
+            let middle = (low + high) / 2
+            if openWrites[middle] < slot { low = middle + 1 } else { high = middle }
+        }
+        return low < openWrites.count && openWrites[low] == slot
     }
 
     /// Writes the answers that are next in request order.
@@ -549,24 +578,31 @@ struct ConnectionStateMachine {
             pushing: while writable {
                 let pushes = subscription.take(max: 32)
                 if pushes.isEmpty { break }
-                for push in pushes {
-                    var out = ByteBuffer()
-                    do {
-                        try push.message.encode(
-                            id: subscriptionID, maxFrameLength: configuration.limits.maxFrameLength, into: &out)
-                    } catch {
+                for shared in pushes {
+                    // Encoded once for every subscriber of the commit (with id 0); each connection writes the
+                    // frames with its own subscription id.
+                    let encoded = shared.encoded { push in
+                        var out = ByteBuffer()
+                        do throws(WireError) {
+                            try push.message.encode(id: 0, maxFrameLength: configuration.limits.maxFrameLength, into: &out)
+                        } catch {
+                            logger.warning(
+                                "ending subscriptions: a push cannot be sent: \(error.message)",
+                                metadata: ["store": "\(subscription.name)"])
+                            out.clear()
+                        }
+                        return out
+                    }
+                    guard encoded.readableBytes > 0 else {
                         // Never skipped (that would be a gap): the subscription ends with `lagged` in its place.
-                        logger.warning(
-                            "ending a subscription: a push cannot be sent: \(error.message)",
-                            metadata: ["subscription": "\(subscriptionID)", "store": "\(subscription.name)"])
-                        out.clear()
-                        try? subscription.endBefore(push).message.encode(
+                        var out = ByteBuffer()
+                        try? subscription.endBefore(shared.push).message.encode(
                             id: subscriptionID, maxFrameLength: configuration.limits.maxFrameLength, into: &out)
                         emit(.write(out))
                         wrote = true
                         break pushing
                     }
-                    emit(.write(out))
+                    encoded.forEachFrame(withID: subscriptionID) { emit(.write($0)) }
                     wrote = true
                 }
             }

@@ -1,6 +1,6 @@
 import BrokerCore
 import CStorageEngine
-import Dispatch
+import Synchronization
 import NIOCore
 import StoreModel
 
@@ -10,9 +10,10 @@ import Glibc
 
 /// An engine loaded from a shared library, seen through the `StorageEngine` interface.
 ///
-/// Every call into the library runs on a serial dispatch queue (threads made for blocking work, never the
-/// cooperative pool); each open store has its own queue, which is what serializes calls on one store as the
-/// ABI requires.
+/// Every call into the library blocks the calling thread, which the broker makes its store's writer (a thread
+/// of its writer pool, made for blocking work; never an event loop or the cooperative pool). Each open store
+/// holds a lock around its calls, which is what serializes calls on one store as the ABI requires, whoever
+/// calls.
 ///
 /// `@unchecked Sendable`: the only state is the engine's table, which the ABI declares immutable and readable
 /// from any thread.
@@ -92,32 +93,26 @@ public final class LoadedEngine: StorageEngine, @unchecked Sendable {
         }
     }
 
-    public func open(directory: String, store: String, options: [String: String]) async throws(EngineFailure)
+    public func open(directory: String, store: String, options: [String: String]) throws(EngineFailure)
         -> any EngineStore
     {
-        let queue = DispatchQueue(label: "storebroker.engine.\(name).\(store)")
-        let opened: (StoreHandle, UInt64) = try await onQueue(queue) { [self] () throws(EngineFailure) in
-            try withOptions(options) { (list, count) throws(EngineFailure) in
-                var handle: OpaquePointer?
-                var sequence: UInt64 = 0
-                var error = sb_error()
-                let status = table.pointee.open(table, directory, store, list, count, &handle, &sequence, &error)
-                try check(status, &error)
-                guard let handle else {
-                    throw EngineFailure(.internalError, "open returned SB_OK without a store", engine: name)
-                }
-                return (StoreHandle(pointer: handle), sequence)
+        try withOptions(options) { (list, count) throws(EngineFailure) in
+            var handle: OpaquePointer?
+            var sequence: UInt64 = 0
+            var error = sb_error()
+            let status = table.pointee.open(table, directory, store, list, count, &handle, &sequence, &error)
+            try check(status, &error)
+            guard let handle else {
+                throw EngineFailure(.internalError, "open returned SB_OK without a store", engine: name)
             }
+            return LoadedStore(engine: self, handle: handle, sequence: sequence)
         }
-        return LoadedStore(engine: self, handle: opened.0.pointer, sequence: opened.1, queue: queue)
     }
 
-    public func drop(directory: String, store: String, options: [String: String]) async throws(EngineFailure) {
-        try await onQueue(DispatchQueue(label: "storebroker.engine.\(name).drop")) { [self] () throws(EngineFailure) in
-            try withOptions(options) { (list, count) throws(EngineFailure) in
-                var error = sb_error()
-                try check(table.pointee.drop(table, directory, store, list, count, &error), &error)
-            }
+    public func drop(directory: String, store: String, options: [String: String]) throws(EngineFailure) {
+        try withOptions(options) { (list, count) throws(EngineFailure) in
+            var error = sb_error()
+            try check(table.pointee.drop(table, directory, store, list, count, &error), &error)
         }
     }
 
@@ -152,65 +147,46 @@ public final class LoadedEngine: StorageEngine, @unchecked Sendable {
     }
 }
 
-/// An open store's handle, moved between the engine's queue and the task that asked for it.
-private struct StoreHandle: @unchecked Sendable {
-    let pointer: OpaquePointer
-}
-
-/// Runs `body` on `queue` and waits for it without blocking a cooperative thread.
-func onQueue<T: Sendable>(_ queue: DispatchQueue, _ body: @escaping @Sendable () throws(EngineFailure) -> T)
-    async throws(EngineFailure) -> T
-{
-    let result: Result<T, EngineFailure> = await withCheckedContinuation { continuation in
-        queue.async {
-            continuation.resume(returning: Result { () throws(EngineFailure) in try body() })
-        }
-    }
-    return try result.get()
-}
-
 /// One store opened through a `LoadedEngine`.
 ///
-/// `@unchecked Sendable`: the store handle is touched only on `queue`, which serializes every call.
+/// `@unchecked Sendable`: the store handle is touched only while `closed`'s lock is held, which serializes every
+/// call (the broker makes them from one writer at a time, so the lock is never contended there).
 final class LoadedStore: EngineStore, @unchecked Sendable {
     let engine: LoadedEngine
     private let handle: OpaquePointer
-    private let queue: DispatchQueue
-    private var closed = false
+    /// Held during each call; true once closed.
+    private let closed = Mutex(false)
     let openedSequence: UInt64
 
-    init(engine: LoadedEngine, handle: OpaquePointer, sequence: UInt64, queue: DispatchQueue) {
+    init(engine: LoadedEngine, handle: OpaquePointer, sequence: UInt64) {
         self.engine = engine
         self.handle = handle
         self.openedSequence = sequence
-        self.queue = queue
     }
 
     deinit {
-        if !closed { engine.functions.close(handle) }
+        if !closed.withLock({ $0 }) { engine.functions.close(handle) }
     }
 
-    /// Runs one call on the store's queue, refusing calls after `close`.
-    private func call<T: Sendable>(_ body: @escaping @Sendable (OpaquePointer, inout sb_error) throws(EngineFailure) -> T)
-        async throws(EngineFailure) -> T
-    {
-        try await onQueue(queue) { [self] () throws(EngineFailure) in
+    /// Runs one call, refusing calls after `close`.
+    private func call<T>(_ body: (OpaquePointer, inout sb_error) throws(EngineFailure) -> T) throws(EngineFailure) -> T {
+        try closed.withLock { (closed) throws(EngineFailure) -> T in
             guard !closed else { throw EngineFailure(.invalid, "the store is closed", engine: engine.name) }
             var error = sb_error()
             return try body(handle, &error)
         }
     }
 
-    func apply(_ steps: [EngineStep], sequence: UInt64) async throws(EngineFailure) {
-        try await call { [engine] (handle, error) throws(EngineFailure) in
+    func apply(_ steps: [EngineStep], sequence: UInt64) throws(EngineFailure) {
+        try call { [engine] (handle, error) throws(EngineFailure) in
             try StepArena.withSteps(steps) { (cSteps, count) throws(EngineFailure) in
                 try engine.check(engine.functions.apply(handle, cSteps, count, sequence, &error), &error)
             }
         }
     }
 
-    func get(_ keys: [[UInt8]]) async throws(EngineFailure) -> [EngineRecord?] {
-        try await call { [engine] (handle, error) throws(EngineFailure) in
+    func get(_ keys: [[UInt8]]) throws(EngineFailure) -> [EngineRecord?] {
+        try call { [engine] (handle, error) throws(EngineFailure) in
             let collector = Collector<EngineRecord?>(Array(repeating: nil, count: keys.count))
             try StepArena.withKeys(keys) { (cKeys, count) throws(EngineFailure) in
                 let status = engine.functions.get(handle, cKeys, count, { context, index, item in
@@ -225,8 +201,8 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
         }
     }
 
-    func scanAll() async throws(EngineFailure) -> [EngineRecord] {
-        try await call { [engine] (handle, error) throws(EngineFailure) in
+    func scanAll() throws(EngineFailure) -> [EngineRecord] {
+        try call { [engine] (handle, error) throws(EngineFailure) in
             let collector = Collector<EngineRecord>([])
             let status = engine.functions.scan(handle, { context, item in
                 Unmanaged<Collector<EngineRecord>>.fromOpaque(context!).takeUnretainedValue().values.append(
@@ -238,16 +214,16 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
         }
     }
 
-    func count() async throws(EngineFailure) -> UInt64 {
-        try await call { [engine] (handle, error) throws(EngineFailure) in
+    func count() throws(EngineFailure) -> UInt64 {
+        try call { [engine] (handle, error) throws(EngineFailure) in
             var count: UInt64 = 0
             try engine.check(engine.functions.count(handle, &count, &error), &error)
             return count
         }
     }
 
-    func allKeys() async throws(EngineFailure) -> [[UInt8]] {
-        try await call { [engine] (handle, error) throws(EngineFailure) in
+    func allKeys() throws(EngineFailure) -> [[UInt8]] {
+        try call { [engine] (handle, error) throws(EngineFailure) in
             let collector = Collector<[UInt8]>([])
             let status = engine.functions.keys(handle, { context, key in
                 Unmanaged<Collector<[UInt8]>>.fromOpaque(context!).takeUnretainedValue().values.append(key.array)
@@ -258,8 +234,8 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
         }
     }
 
-    func contains(_ key: [UInt8]) async throws(EngineFailure) -> Bool {
-        try await call { [engine] (handle, error) throws(EngineFailure) in
+    func contains(_ key: [UInt8]) throws(EngineFailure) -> Bool {
+        try call { [engine] (handle, error) throws(EngineFailure) in
             var present: Int32 = 0
             try key.withUnsafeBufferPointer { (bytes) throws(EngineFailure) in
                 let cKey = sb_bytes(data: bytes.baseAddress, length: bytes.count)
@@ -269,15 +245,11 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
         }
     }
 
-    func close() async {
-        await withCheckedContinuation { continuation in
-            queue.async { [self] in
-                if !closed {
-                    closed = true
-                    engine.functions.close(handle)
-                }
-                continuation.resume()
-            }
+    func close() {
+        closed.withLock { closed in
+            guard !closed else { return }
+            closed = true
+            engine.functions.close(handle)
         }
     }
 }

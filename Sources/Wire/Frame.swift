@@ -160,6 +160,33 @@ public struct FrameToMessageDecoder: NIOSingleStepByteToMessageDecoder {
 }
 
 extension ByteBuffer {
+    /// Hands out the frames in these bytes (whole frames, encoded with any id) as frames with `id`: a short frame
+    /// copied with its id set, a long one as a new header and its payload shared, not copied. This is how one
+    /// encoding of a push serves every subscriber.
+    public func forEachFrame(withID id: UInt32, _ body: (ByteBuffer) -> Void) {
+        var rest = self
+        while rest.readableBytes >= WireProtocol.headerLength,
+            let payloadLength = rest.getInteger(at: rest.readerIndex, as: UInt32.self),
+            rest.readableBytes >= WireProtocol.headerLength + Int(payloadLength)
+        {
+            let frameLength = WireProtocol.headerLength + Int(payloadLength)
+            if frameLength <= 1024 {
+                var frame = ByteBufferAllocator().buffer(capacity: frameLength)
+                var source = rest.readSlice(length: frameLength)!
+                frame.writeBuffer(&source)
+                frame.setInteger(id, at: frame.readerIndex + 8)
+                body(frame)
+            } else {
+                var header = ByteBufferAllocator().buffer(capacity: WireProtocol.headerLength)
+                var source = rest.readSlice(length: WireProtocol.headerLength)!
+                header.writeBuffer(&source)
+                header.setInteger(id, at: header.readerIndex + 8)
+                body(header)
+                body(rest.readSlice(length: Int(payloadLength))!)
+            }
+        }
+    }
+
     /// Writes a frame header; returns the index of the length field so that it can be patched.
     @discardableResult
     mutating func writeFrameHeader(type: MessageType, flags: FrameFlags, id: UInt32) -> Int {

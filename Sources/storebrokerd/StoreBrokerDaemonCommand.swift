@@ -74,6 +74,13 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
     var historyBytes: Int = 64 << 20
 
     @Option(
+        name: .customLong("writer-threads"),
+        help: ArgumentHelp(
+            "Threads that stores' writers run on: each store with writes waiting is pinned to one and calls its engine "
+                + "there; an idle store holds none.", valueName: "n"))
+    var writerThreads: Int = 4
+
+    @Option(
         name: .customLong("subscriber-buffer"),
         help: ArgumentHelp("Pushes one subscriber may have waiting before it is told it lagged.", valueName: "n"))
     var subscriberBuffer: Int = 1024
@@ -151,6 +158,7 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
             throw ValidationError("\(name) cannot be negative")
         }
         guard subscriberBuffer >= 1 else { throw ValidationError("--subscriber-buffer must be at least 1") }
+        guard (1...256).contains(writerThreads) else { throw ValidationError("--writer-threads must be 1 to 256") }
         guard maxFrame >= 4096, maxFrame <= Int(UInt32.max) else {
             throw ValidationError("--max-frame must be between 4096 and \(UInt32.max)")
         }
@@ -209,7 +217,8 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
             socketPath: socketPath,
             broker: BrokerConfiguration(
                 dataDirectory: data, defaultEngine: engine, engineOptions: try parsedEngineOptions(), history: history,
-                historyBytes: historyBytes, subscriberBuffer: subscriberBuffer, maxItemLength: maxItem, maxBatch: maxBatch),
+                historyBytes: historyBytes, subscriberBuffer: subscriberBuffer, maxItemLength: maxItem, maxBatch: maxBatch,
+                writerThreads: writerThreads),
             engineDirectories: enginePaths.map(absolute),
             environmentEnginePath: environment["STOREBROKER_ENGINE_PATH"],
             maxFrameLength: maxFrame, maxInFlight: maxInFlight,

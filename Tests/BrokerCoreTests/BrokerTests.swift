@@ -97,7 +97,7 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
             let ids = try await records(broker, "s").map(\.id)
             #expect(ids == ["b", "a"])
             #expect(engine.state.withLock { $0.applies.count } == 2)
-            let pushes = subscription.take(max: 10)
+            let pushes = subscription.take(max: 10).map(\.push)
             #expect(pushes.count == 2)
             guard case .storeEvent(let event) = pushes[1] else { return }
             #expect(event.sequence == 2)
@@ -178,7 +178,7 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
         #expect(subscriptionOffer(subscription, event(2), 2))
         #expect(!subscriptionOffer(subscription, event(3), 3))
         #expect(!subscriptionOffer(subscription, event(4), 4))
-        let pushes = subscription.take(max: 10)
+        let pushes = subscription.take(max: 10).map(\.push)
         #expect(pushes.count == 3)
         guard case .lagged(let position) = pushes.last else {
             Issue.record("the last push is not lagged")

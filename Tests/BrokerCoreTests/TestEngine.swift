@@ -31,9 +31,9 @@ final class TestEngine: StorageEngine, EngineProvider {
 
     func engineList() -> [EngineInfo] { [] }
 
-    func open(directory: String, store: String, options: [String: String]) async throws(EngineFailure) -> any EngineStore {
+    func open(directory: String, store: String, options: [String: String]) throws(EngineFailure) -> any EngineStore {
         state.withLock { $0.opensStarted += 1 }
-        await opens.pass()
+        opens.pass()
         return state.withLock { state in
             if let open = state.stores[directory] { return open }
             let created = TestEngineStore(engine: self)
@@ -42,7 +42,7 @@ final class TestEngine: StorageEngine, EngineProvider {
         }
     }
 
-    func drop(directory: String, store: String, options: [String: String]) async throws(EngineFailure) {
+    func drop(directory: String, store: String, options: [String: String]) throws(EngineFailure) {
         _ = state.withLock { $0.stores.removeValue(forKey: directory) }
     }
 
@@ -75,13 +75,13 @@ final class TestEngineStore: EngineStore {
 
     var openedSequence: UInt64 { sequence.withLock { $0 } }
 
-    func apply(_ steps: [EngineStep], sequence: UInt64) async throws(EngineFailure) {
+    func apply(_ steps: [EngineStep], sequence: UInt64) throws(EngineFailure) {
         let fail = engine.state.withLock { state in
             state.applies.append((steps, sequence))
             defer { state.failNext = false }
             return state.failNext
         }
-        await engine.applies.pass()
+        engine.applies.pass()
         if fail { throw EngineFailure(.io, "the disk caught fire") }
         records.withLock { records in
             for step in steps {
@@ -100,40 +100,30 @@ final class TestEngineStore: EngineStore {
         self.sequence.withLock { $0 = sequence }
     }
 
-    func get(_ keys: [[UInt8]]) async throws(EngineFailure) -> [EngineRecord?] {
+    func get(_ keys: [[UInt8]]) throws(EngineFailure) -> [EngineRecord?] {
         records.withLock { records in keys.map { key in records.first { $0.key == key } } }
     }
 
-    func scanAll() async throws(EngineFailure) -> [EngineRecord] { records.withLock { $0 } }
-    func count() async throws(EngineFailure) -> UInt64 { UInt64(records.withLock { $0.count }) }
-    func allKeys() async throws(EngineFailure) -> [[UInt8]] { records.withLock { $0.map(\.key) } }
-    func contains(_ key: [UInt8]) async throws(EngineFailure) -> Bool { records.withLock { $0.contains { $0.key == key } } }
-    func close() async { engine.state.withLock { $0.closes += 1 } }
+    func scanAll() throws(EngineFailure) -> [EngineRecord] { records.withLock { $0 } }
+    func count() throws(EngineFailure) -> UInt64 { UInt64(records.withLock { $0.count }) }
+    func allKeys() throws(EngineFailure) -> [[UInt8]] { records.withLock { $0.map(\.key) } }
+    func contains(_ key: [UInt8]) throws(EngineFailure) -> Bool { records.withLock { $0.contains { $0.key == key } } }
+    func close() { engine.state.withLock { $0.closes += 1 } }
 }
 
-/// Callers of `pass()` wait while the gate is closed, and all go on when it opens.
+/// Callers of `pass()` (engine calls, on a writer thread) block while the gate is closed, and all go on when
+/// it opens.
 final class Gate: Sendable {
-    private let state = Mutex<(closed: Bool, waiting: [CheckedContinuation<Void, Never>])>((false, []))
+    private let closed = Mutex(false)
 
-    func close() { state.withLock { $0.closed = true } }
+    func close() { closed.withLock { $0 = true } }
+    func open() { closed.withLock { $0 = false } }
 
-    func open() {
-        let waiting = state.withLock { state in
-            state.closed = false
-            defer { state.waiting = [] }
-            return state.waiting
-        }
-        for continuation in waiting { continuation.resume() }
-    }
-
-    func pass() async {
-        await withCheckedContinuation { continuation in
-            let now = state.withLock { state -> Bool in
-                guard state.closed else { return true }
-                state.waiting.append(continuation)
-                return false
-            }
-            if now { continuation.resume() }
+    /// Blocks while closed (bounded: a test that forgets to open it fails instead of hanging).
+    func pass() {
+        for _ in 0..<20_000 {
+            if !closed.withLock({ $0 }) { return }
+            usleep(1000)
         }
     }
 }
