@@ -6,6 +6,8 @@
 #
 #   ./scripts/profile-daemon.sh ENGINE BENCHMARK-ARGUMENTS...
 #   ./scripts/profile-daemon.sh memory -t insert -c 50 -P 16 -n 200000 -d 200 -r 100000
+#
+# With PERF_DATA=FILE the recording is kept there, for `perf report -i FILE --children` and the like.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 engine="$1"
@@ -53,3 +55,4 @@ echo "top frames by self time (perf report --no-children):"
 perf report -i "$work/perf.data" --stdio --no-children --sort dso,symbol --percent-limit 1.5 2>/dev/null \
     | grep -E '^ +[0-9]+\.[0-9]+%' | head -25 | awk '{ printf "  %s  %s  ", $1, $2; $1 = $2 = $3 = ""; print }' \
     | sed -E 's/ +- +- *$//' | swift demangle --simplified
+if [ -n "${PERF_DATA:-}" ]; then cp "$work/perf.data" "$PERF_DATA"; fi

@@ -322,16 +322,32 @@ final class ManagedStore: Sendable {
 
     /// Queues writes, in order; each is answered once committed (or refused). A connection hands in every
     /// write one read cycle produced for this store in one call: one lock, at most one wake-up of the writer.
+    ///
+    /// When the store's engine never blocks (`nonblocking`, the memory engine), its store is open and its
+    /// writer idle, the first group is committed here, on the caller's thread (the connection's event loop),
+    /// as Redis does: no hand-off to a writer thread and back. What queues meanwhile goes to the writer pool.
     func submit(_ writes: [PendingWrite]) {
-        let queued = state.withLock { state -> Bool in
-            guard !state.stopping else { return false }
+        enum Next { case refused, queued, commitHere }
+        let next = state.withLock { state -> Next in
+            guard !state.stopping else { return .refused }
             state.pending.append(contentsOf: writes)
-            return true
+            // A drop (files removed) and a store's creation (directory, manifest) touch the disk: the pool's.
+            guard state.phase == .ready, !state.writing, state.engineStore != nil,
+                state.engine?.capabilities.contains(.nonblocking) == true,
+                !writes.contains(where: { if case .drop = $0.kind { true } else { false } })
+            else { return .queued }
+            state.writing = true
+            return .commitHere
         }
-        guard queued else {
+        switch next {
+        case .refused:
             let error = BrokerError(.shuttingDown, "the broker is shutting down")
             for write in writes { write.reply(.failure(error)) }
             return
+        case .commitHere:
+            return runWriter(groups: 1)
+        case .queued:
+            break
         }
         whenLoaded { failure in
             if failure == nil { self.startWriterIfNeeded() }
@@ -345,7 +361,7 @@ final class ManagedStore: Sendable {
             state.writing = true
             return true
         }
-        if start { environment.onWriter { self.runWriter() } }
+        if start { environment.onWriter { self.runWriter(groups: Self.groupsPerTurn) } }
     }
 
     private enum Batch {
@@ -357,18 +373,15 @@ final class ManagedStore: Sendable {
     private static let groupsPerTurn = 16
 
     /// The writer's job: commits what is queued, group after group, until the queue is empty (the store then
-    /// holds no thread) or it has had its turn (it queues itself behind the other stores' jobs).
-    private func runWriter() {
-        for _ in 0..<Self.groupsPerTurn {
-            let (batch, idle) = state.withLock { state -> (Batch?, [CheckedContinuation<Void, Never>]) in
-                guard let first = state.pending.first else {
-                    state.writing = false
-                    defer { state.idleWaiters = [] }
-                    return (nil, state.idleWaiters)
-                }
+    /// holds no thread) or it has made `groups` groups (the rest goes to the writer pool, behind the other
+    /// stores' jobs).
+    private func runWriter(groups: Int) {
+        for _ in 0..<groups {
+            let batch = state.withLock { state -> Batch? in
+                guard let first = state.pending.first else { return nil }
                 if case .drop = first.kind {
                     state.pending.removeFirst()
-                    return (.drop(first), [])
+                    return .drop(first)
                 }
                 // An engine without atomic applies gets one request per transaction.
                 let atomic = state.engine?.capabilities.contains(.atomic) ?? true
@@ -378,18 +391,15 @@ final class ManagedStore: Sendable {
                     if case .drop = next.kind { break }
                     group.append(state.pending.removeFirst())
                 }
-                return (.group(group), [])
+                return .group(group)
             }
-            guard let batch else {
-                for waiter in idle { waiter.resume() }
-                return
-            }
+            guard let batch else { break }
             switch batch {
             case .group(let writes): commit(writes)
             case .drop(let write): drop(write)
             }
         }
-        environment.onWriter { self.runWriter() }
+        if state.writerGoesOn() { environment.onWriter { self.runWriter(groups: Self.groupsPerTurn) } }
     }
 
     private enum Outcome {

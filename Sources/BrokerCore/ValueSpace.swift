@@ -235,23 +235,15 @@ final class ValueSpace: Sendable {
     /// The writer's job, as a store's: groups until the queue is empty, or a turn's worth.
     private func runWriter() {
         for _ in 0..<16 {
-            let (group, idle) = state.withLock { state -> ([Write], [CheckedContinuation<Void, Never>]) in
-                guard !state.pending.isEmpty else {
-                    state.writing = false
-                    defer { state.idleWaiters = [] }
-                    return ([], state.idleWaiters)
-                }
+            let group = state.withLock { state -> [Write] in
                 let count = min(state.pending.count, max(1, environment.configuration.maxGroupCommit))
                 defer { state.pending.removeFirst(count) }
-                return (Array(state.pending.prefix(count)), [])
+                return Array(state.pending.prefix(count))
             }
-            guard !group.isEmpty else {
-                for waiter in idle { waiter.resume() }
-                return
-            }
+            guard !group.isEmpty else { break }
             commit(group)
         }
-        environment.onWriter { self.runWriter() }
+        if state.writerGoesOn() { environment.onWriter { self.runWriter() } }
     }
 
     private enum Outcome {

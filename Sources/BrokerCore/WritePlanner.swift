@@ -72,16 +72,25 @@ struct WritePlanner {
     private mutating func insert(_ items: [Item], now: UInt64, into planned: inout PlannedWrite) {
         guard !items.isEmpty else { return }
         // In one batch the first occurrence fixes the position and the last payload wins.
-        var order: [ItemID] = []
-        var payloads: [ItemID: Payload] = [:]
-        for item in items {
-            if payloads.updateValue(item.payload, forKey: item.id) == nil { order.append(item.id) }
+        var unique: [(id: ItemID, payload: Payload)] = []
+        if items.count == 1 {
+            unique = [(items[0].id, items[0].payload)]
+        } else {
+            var order: [ItemID] = []
+            var payloads: [ItemID: Payload] = [:]
+            order.reserveCapacity(items.count)
+            payloads.reserveCapacity(items.count)
+            for item in items {
+                if payloads.updateValue(item.payload, forKey: item.id) == nil { order.append(item.id) }
+            }
+            unique = order.map { ($0, payloads[$0]!) }
         }
         var records: [ItemRecord] = []
-        records.reserveCapacity(order.count)
-        for id in order {
+        records.reserveCapacity(unique.count)
+        planned.engineSteps.reserveCapacity(planned.engineSteps.count + unique.count)
+        for (id, submitted) in unique {
             // The record outlives the request (memory, history): its payload owns its bytes.
-            let payload = payloads[id]!.owned
+            let payload = submitted.owned
             let record: ItemRecord
             if let existing = current(id) {
                 record = ItemRecord(id: id, createdAt: existing.createdAt, updatedAt: now, payload: payload)

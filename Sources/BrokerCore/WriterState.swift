@@ -15,7 +15,7 @@ protocol WriterState {
     /// Writes waiting for the writer, in order.
     var pending: Deque<Write> { get set }
     /// A writer job is queued or running on the writer pool.
-    var writing: Bool { get }
+    var writing: Bool { get set }
     /// Requests waiting for the load to finish.
     var waiting: [@Sendable (BrokerError?) -> Void] { get set }
     /// No new writes are accepted.
@@ -50,6 +50,19 @@ extension Mutex where Value: WriterState {
         for body in waiting { body(error) }
         for write in writes { write.reply(.failure(error)) }
         for waiter in idle { waiter.resume() }
+    }
+
+    /// At the end of a writer's turn: true when writes are still queued (the writer goes on, as a new job on
+    /// the pool); otherwise the writer stops, and a shutdown waiting for it to be idle goes on.
+    func writerGoesOn() -> Bool {
+        let (goesOn, idle) = withLock { state -> (Bool, [CheckedContinuation<Void, Never>]) in
+            guard state.pending.isEmpty else { return (true, []) }
+            state.writing = false
+            defer { state.idleWaiters = [] }
+            return (false, state.idleWaiters)
+        }
+        for waiter in idle { waiter.resume() }
+        return goesOn
     }
 
     /// After a commit: the manifest records that the place has committed (once; tried again at the next commit

@@ -36,6 +36,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// The writes started by the actions being performed, handed to the broker once they are done.
     private var writes: [BrokerRequest] = []
     private let inbox = AnswerInbox()
+    /// Write answers given on this loop while actions were being performed (a commit made on the event loop):
+    /// taken into the machine together, as one event, once the actions are done.
+    private var answeredHere: [AnswerInbox.Answer] = []
     /// Bytes of the writes in `pending`: written as far as the machine is concerned, not yet in the channel.
     private var pendingBytes = 0
     private var performing = false
@@ -83,6 +86,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         machine = nil
         pending = []
         writes = []
+        answeredHere = []
         pendingBytes = 0
     }
 
@@ -159,10 +163,17 @@ final class ConnectionHandler: ChannelDuplexHandler {
         while true {
             while let action = pending.popFirst() { execute(action) }
             if !writes.isEmpty {
-                // A write refused at once (an interceptor) answers here, and its actions queue up: go round again.
+                // A write refused at once (an interceptor) or committed on this loop answers here, into
+                // `answeredHere`: go round again.
                 let batch = writes
                 writes = []
                 broker.handle(batch, context: requestContext)
+                continue
+            }
+            if !answeredHere.isEmpty {
+                let answers = answeredHere
+                answeredHere = []
+                event { $0.answered(answers, io: $1) }
                 continue
             }
             if needsFlush, let context {
@@ -187,9 +198,16 @@ final class ConnectionHandler: ChannelDuplexHandler {
         case .start(let slot, let command, let subscription):
             let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
             let inbox = inbox
+            let isWrite = command.isWrite
             let reply: Reply = { result in
                 if loop.eventLoop.inEventLoop {
-                    loop.value.event { $0.answered(slot: slot, result, io: $1) }
+                    // A read answered at once must count before the next request starts: at once. Writes answered
+                    // on this loop gather until the actions are done.
+                    if isWrite, loop.value.performing {
+                        loop.value.answeredHere.append((slot, result))
+                    } else {
+                        loop.value.event { $0.answered(slot: slot, result, io: $1) }
+                    }
                 } else if inbox.post(slot, result) {
                     loop.eventLoop.execute { loop.value.takeInbox() }
                 }

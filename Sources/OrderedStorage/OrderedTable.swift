@@ -6,28 +6,36 @@
 /// Removal leaves a hole that is compacted away later, so positions stay stable during a transaction.
 /// Between `begin()` and `commit()` every change is logged; `rollback()` undoes them in reverse, so a failed
 /// apply leaves the table exactly as it was, in time proportional to the changes made (not to the table).
+///
+/// Everything is `@inlinable`: the broker's memory and the engines use it on their hot paths, and a generic type
+/// used across modules unspecialized goes through value witnesses for every copy, hash and comparison.
 public struct OrderedTable<Key: Hashable, Value> {
-    private var slots: [(key: Key, value: Value)?] = []
-    private var index: [Key: Int] = [:]
-    private var undo: [Undo]?
+    @usableFromInline var slots: [(key: Key, value: Value)?] = []
+    @usableFromInline var index: [Key: Int] = [:]
+    @usableFromInline var undo: [Undo]?
 
-    fileprivate enum Undo {
+    @usableFromInline enum Undo {
         case restore(slot: Int, entry: (key: Key, value: Value))
         case unappend(key: Key)
         case restoreAll(slots: [(key: Key, value: Value)?], index: [Key: Int])
     }
 
+    @inlinable
     public init() {}
 
+    @inlinable
     public var count: Int { index.count }
 
+    @inlinable
     public func value(for key: Key) -> Value? {
         index[key].flatMap { slots[$0]?.value }
     }
 
+    @inlinable
     public func contains(_ key: Key) -> Bool { index[key] != nil }
 
     /// Every pair, in order, until `body` returns `false`.
+    @inlinable
     public func forEach(_ body: (_ key: Key, _ value: Value) throws -> Bool) rethrows {
         for slot in slots {
             guard let slot else { continue }
@@ -37,6 +45,7 @@ public struct OrderedTable<Key: Hashable, Value> {
 
     /// The pairs after `key`, in order, until `body` returns `false`; `false` if `key` is not in the table.
     @discardableResult
+    @inlinable
     public func forEach(after key: Key, _ body: (_ key: Key, _ value: Value) throws -> Bool) rethrows -> Bool {
         guard let position = index[key] else { return false }
         for slot in slots[(position + 1)...] {
@@ -48,6 +57,7 @@ public struct OrderedTable<Key: Hashable, Value> {
 
     /// Sets `key`; returns the previous value.
     @discardableResult
+    @inlinable
     public mutating func put(_ key: Key, _ value: Value) -> Value? {
         if let position = index[key], let old = slots[position] {
             undo?.append(.restore(slot: position, entry: old))
@@ -62,6 +72,7 @@ public struct OrderedTable<Key: Hashable, Value> {
 
     /// Removes `key`; returns the removed value.
     @discardableResult
+    @inlinable
     public mutating func remove(_ key: Key) -> Value? {
         guard let position = index.removeValue(forKey: key), let old = slots[position] else { return nil }
         if undo == nil {
@@ -74,6 +85,7 @@ public struct OrderedTable<Key: Hashable, Value> {
         return old.value
     }
 
+    @inlinable
     public mutating func removeAll() {
         undo?.append(.restoreAll(slots: slots, index: index))
         slots = []
@@ -81,18 +93,21 @@ public struct OrderedTable<Key: Hashable, Value> {
     }
 
     /// Starts logging changes.
+    @inlinable
     public mutating func begin() {
         precondition(undo == nil, "a transaction is already open")
         undo = []
     }
 
     /// Keeps the changes since `begin()`.
+    @inlinable
     public mutating func commit() {
         undo = nil
         compactIfSparse()
     }
 
     /// Undoes every change since `begin()`.
+    @inlinable
     public mutating func rollback() {
         guard let log = undo else { return }
         undo = nil
@@ -111,7 +126,7 @@ public struct OrderedTable<Key: Hashable, Value> {
         }
     }
 
-    private mutating func compactIfSparse() {
+    @usableFromInline mutating func compactIfSparse() {
         let holes = slots.count - index.count
         guard holes > 64, holes > index.count else { return }
         slots = slots.filter { $0 != nil }

@@ -135,6 +135,8 @@ public struct EngineCapabilities: OptionSet, Hashable, Sendable, Codable {
     public static let persistent = EngineCapabilities(rawValue: 1 << 0)
     /// `apply` is all-or-nothing, so chains are allowed.
     public static let atomic = EngineCapabilities(rawValue: 1 << 1)
+    /// `apply` never waits for I/O (ABI 1.1): the broker may commit on the event loop the request came in on.
+    public static let nonblocking = EngineCapabilities(rawValue: 1 << 2)
 }
 
 /// An engine as listed: `detail` is the engine's version text, or why it cannot be used.

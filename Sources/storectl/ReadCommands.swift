@@ -231,6 +231,7 @@ struct Engines: AsyncParsableCommand {
             func capabilities(_ info: EngineInfo) -> [String] {
                 (info.capabilities.contains(.persistent) ? ["persistent"] : [])
                     + (info.capabilities.contains(.atomic) ? ["atomic"] : [])
+                    + (info.capabilities.contains(.nonblocking) ? ["nonblocking"] : [])
             }
             let objects = engines.map { info in
                 "{\"name\":\(JSON.string(info.name)),\"status\":\"\(status(info))\",\"abi\":\(abi(info).map(JSON.string) ?? "null"),"

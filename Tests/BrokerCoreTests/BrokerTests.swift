@@ -2,18 +2,20 @@
 import Foundation
 import Logging
 import NIOCore
+import Synchronization
 import Testing
 import StoreModel
 import TestSupport
 
 /// A broker over `TestEngine` in a temporary data directory.
 private func withBroker(
-    history: Int = 100, _ body: (Broker, TestEngine) async throws -> Void
+    history: Int = 100, writerThreads: Int = 4, engine: TestEngine = TestEngine(),
+    _ body: (Broker, TestEngine) async throws -> Void
 ) async throws {
     try await withTemporaryDirectory(prefix: "sb-core") { directory in
-        let engine = TestEngine()
         let broker = try Broker(
-            configuration: BrokerConfiguration(dataDirectory: directory, defaultEngine: "test", history: history),
+            configuration: BrokerConfiguration(
+                dataDirectory: directory, defaultEngine: "test", history: history, writerThreads: writerThreads),
             engines: engine, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         try await body(broker, engine)
         await broker.shutdown()
@@ -209,6 +211,71 @@ private final class Answers: @unchecked Sendable {
             try await Task.sleep(for: .milliseconds(5))
         }
         throw BrokerError(.internalError, "only \(lock.withLock { results.count }) answers")
+    }
+}
+
+@Suite struct Writers {
+    private static var thisThread: UInt {
+        UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(bitPattern: UInt(pthread_self()))))
+    }
+
+    /// The writes one read cycle of a connection produced reach the store's writer in one hand-off, so they
+    /// share one engine transaction (before: each request was submitted on its own, and the writer started
+    /// committing the first while the others were still being queued).
+    @Test func aBatchOfRequestsIsOneHandOffAndOneTransaction() async throws {
+        try await withBroker { broker, engine in
+            _ = await ask(broker, .write(store: "s", .insert([item("first")])))
+            let answers = Answers()
+            broker.handle((0..<16).map { n in
+                BrokerRequest(.write(store: "s", .insert([item("b\(n)")]))) { answers.add(n, $0) }
+            })
+            try await answers.waitFor(16)
+            #expect(answers.sequences == Array(2...17))
+            let applies = engine.state.withLock { $0.applies.map(\.steps.count) }
+            #expect(applies == [1, 16])
+        }
+    }
+
+    /// A blocking engine is called on a writer thread, never on the thread that handed the write in (an event
+    /// loop); a `nonblocking` engine whose store is open and idle commits right there, with no hand-off.
+    @Test func blockingEnginesRunOnWriterThreadsNonblockingOnesWhereTheRequestCame() async throws {
+        for capabilities: EngineCapabilities in [[.persistent, .atomic], [.atomic, .nonblocking]] {
+            try await withBroker(engine: TestEngine(capabilities: capabilities)) { broker, engine in
+                _ = await ask(broker, .write(store: "s", .insert([item("created")])))  // a store's creation: a writer's
+                let submitter = Mutex<UInt>(0)
+                let thread = Thread {
+                    submitter.withLock { $0 = Writers.thisThread }
+                    broker.handle([BrokerRequest(.write(store: "s", .insert([item("a")]))) { _ in }])
+                }
+                thread.start()
+                #expect(await engine.waitForApplies(2))
+                let applyThreads = engine.state.withLock { $0.applyThreads }
+                guard applyThreads.count == 2 else { return }
+                if capabilities.contains(.nonblocking) {
+                    #expect(applyThreads[1] == submitter.withLock { $0 }, "a nonblocking engine's commit was handed over")
+                } else {
+                    #expect(applyThreads[1] != submitter.withLock { $0 }, "a blocking engine ran on the submitting thread")
+                }
+            }
+        }
+    }
+
+    /// A store whose engine is stuck holds one writer thread; another store's commit starts meanwhile on another.
+    @Test func aStuckStoreDoesNotHoldUpOthers() async throws {
+        try await withBroker(writerThreads: 2) { broker, engine in
+            _ = await ask(broker, .write(store: "a", .insert([item("x")])))
+            _ = await ask(broker, .write(store: "b", .insert([item("x")])))
+            engine.hold()
+            let answers = Answers()
+            broker.handle(.write(store: "a", .insert([item("y")]))) { answers.add(0, $0) }
+            #expect(await engine.waitForApplies(3))
+            broker.handle(.write(store: "b", .insert([item("y")]))) { answers.add(1, $0) }
+            // Both applies are in the engine at once: b's did not wait behind a's.
+            #expect(await engine.waitForApplies(4))
+            engine.release()
+            try await answers.waitFor(2)
+            #expect(answers.sequences == [2, 2])
+        }
     }
 }
 

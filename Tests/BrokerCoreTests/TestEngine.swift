@@ -8,7 +8,7 @@ import StoreModel
 final class TestEngine: StorageEngine, EngineProvider {
     let name = "test"
     let version = "1"
-    let capabilities: EngineCapabilities = [.persistent, .atomic]
+    let capabilities: EngineCapabilities
     let optionKeys: [String] = []
     let state = Mutex(State())
     /// Applies wait here while it is closed (`hold()` / `release()`).
@@ -16,8 +16,14 @@ final class TestEngine: StorageEngine, EngineProvider {
     /// Opens wait here while it is closed (`holdOpens()` / `releaseOpens()`).
     let opens = Gate()
 
+    init(capabilities: EngineCapabilities = [.persistent, .atomic]) {
+        self.capabilities = capabilities
+    }
+
     struct State {
         var applies: [(steps: [EngineStep], sequence: UInt64)] = []
+        /// The thread each apply ran on (`pthread_self`), in order.
+        var applyThreads: [UInt] = []
         var stores: [String: TestEngineStore] = [:]
         var failNext = false
         var opensStarted = 0
@@ -78,6 +84,7 @@ final class TestEngineStore: EngineStore {
     func apply(_ steps: [EngineStep], sequence: UInt64) throws(EngineFailure) {
         let fail = engine.state.withLock { state in
             state.applies.append((steps, sequence))
+            state.applyThreads.append(UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(bitPattern: UInt(pthread_self())))))
             defer { state.failNext = false }
             return state.failNext
         }

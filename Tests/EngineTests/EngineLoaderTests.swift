@@ -111,7 +111,7 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
         let error = try await brokenLoadError("future", ["ABI_MAJOR=2"])
         #expect(error.reason == .abiMismatch)
         #expect(error.message.contains("built for engine ABI 2.3"))
-        #expect(error.message.contains("this host speaks 1.0"))
+        #expect(error.message.contains("this host speaks 1.1"))
     }
 
     @Test func aTableShorterThanABI1IsRefused() async throws {

@@ -181,7 +181,7 @@ extension Integration {
                 #expect(byName["sqlite"]?["status"] as? String == "loaded")
                 #expect(byName["memory"]?["status"] as? String == "found")
                 #expect(byName["memory"]?["abi"] is NSNull)
-                #expect(byName["sqlite"]?["abi"] as? String == "1.0")
+                #expect(byName["sqlite"]?["abi"] as? String == "1.1")
                 #expect(byName["sqlite"]?["capabilities"] as? [String] == ["persistent", "atomic"])
             }
         }

@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define SB_ENGINE_ABI_MAJOR 1
-#define SB_ENGINE_ABI_MINOR 0
+#define SB_ENGINE_ABI_MINOR 1
 
 /* The name of the symbol every engine exports. */
 #define SB_ENGINE_ENTRY_SYMBOL "storebroker_engine_entry"
@@ -62,7 +62,10 @@ enum {
 /* Capability bits (`capabilities`). */
 enum {
     SB_CAP_PERSISTENT = 1u << 0, /* data survives close and reopen (a memory engine does not set it) */
-    SB_CAP_ATOMIC = 1u << 1      /* `apply` is all-or-nothing; the host refuses chains without it */
+    SB_CAP_ATOMIC = 1u << 1,     /* `apply` is all-or-nothing; the host refuses chains without it */
+    /* ABI 1.1: `apply` never waits (no I/O, no lock another process holds) and takes time proportional to its
+       steps; the host may then call it from its event loop, sparing a thread hand-off per commit. */
+    SB_CAP_NONBLOCKING = 1u << 2
 };
 
 /* Step kinds (`sb_step.kind`). */

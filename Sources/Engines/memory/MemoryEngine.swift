@@ -13,7 +13,7 @@ nonisolated(unsafe) private let memoryEngineTable = EngineExport.table(for: Memo
 final class MemoryEngine: EngineDefinition {
     let name = "memory"
     let version = "1.0.0"
-    let capabilities = UInt64(SB_CAP_ATOMIC)
+    let capabilities = UInt64(SB_CAP_ATOMIC | SB_CAP_NONBLOCKING)
     let optionKeys = [FailureInjection.optionKey]
 
     func open(directory: String, store: String, options: [String: String]) throws(EngineError)
