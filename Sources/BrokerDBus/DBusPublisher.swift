@@ -11,7 +11,8 @@ import StoreModel
 
 /// Broadcasts commits as D-Bus signals (dconf's model: the only writer signals names, listeners fetch values).
 ///
-/// The writer only appends to a bounded queue (`CommitObserver` calls, under the store's lock); a thread of
+/// The writer only appends to a bounded queue (`CommitObserver` calls, after each commit, outside the store's
+/// lock: the publisher is one listener of the broadcast, like the socket subscribers); a thread of
 /// the publisher's own owns the libdbus connection, drains the queue, merges consecutive signals of one store
 /// with the same operation that piled up (ids joined, the last sequence), sends them, answers
 /// `Introspectable` and `Peer`, and reconnects with a capped backoff when the bus goes away (logging one
