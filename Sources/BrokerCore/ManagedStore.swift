@@ -361,16 +361,13 @@ final class ManagedStore: Sendable {
             state.writing = true
             return true
         }
-        if start { environment.onWriter { self.runWriter(groups: Self.groupsPerTurn) } }
+        if start { environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) } }
     }
 
     private enum Batch {
         case group([PendingWrite])
         case drop(PendingWrite)
     }
-
-    /// Commit groups a writer job makes before it lets other stores' jobs have its thread.
-    private static let groupsPerTurn = 16
 
     /// The writer's job: commits what is queued, group after group, until the queue is empty (the store then
     /// holds no thread) or it has made `groups` groups (the rest goes to the writer pool, behind the other
@@ -399,7 +396,7 @@ final class ManagedStore: Sendable {
             case .drop(let write): drop(write)
             }
         }
-        if state.writerGoesOn() { environment.onWriter { self.runWriter(groups: Self.groupsPerTurn) } }
+        if state.writerGoesOn() { environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) } }
     }
 
     private enum Outcome {

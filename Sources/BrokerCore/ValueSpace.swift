@@ -234,7 +234,7 @@ final class ValueSpace: Sendable {
 
     /// The writer's job, as a store's: groups until the queue is empty, or a turn's worth.
     private func runWriter() {
-        for _ in 0..<16 {
+        for _ in 0..<WriterPool.groupsPerTurn {
             let group = state.withLock { state -> [Write] in
                 let count = min(state.pending.count, max(1, environment.configuration.maxGroupCommit))
                 defer { state.pending.removeFirst(count) }

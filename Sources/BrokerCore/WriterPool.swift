@@ -14,6 +14,9 @@ import DequeModule
 final class WriterPool: @unchecked Sendable {
     typealias Job = @Sendable () -> Void
 
+    /// Commit groups a writer job makes before it lets other places' jobs have its thread.
+    static let groupsPerTurn = 16
+
     let limit: Int
     // `@unchecked Sendable`: everything below is touched only with `mutex` held.
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>

@@ -216,7 +216,7 @@ private final class Answers: @unchecked Sendable {
 
 @Suite struct Writers {
     private static var thisThread: UInt {
-        UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(bitPattern: UInt(pthread_self()))))
+        UInt(pthread_self())
     }
 
     /// The writes one read cycle of a connection produced reach the store's writer in one hand-off, so they

@@ -84,7 +84,7 @@ final class TestEngineStore: EngineStore {
     func apply(_ steps: [EngineStep], sequence: UInt64) throws(EngineFailure) {
         let fail = engine.state.withLock { state in
             state.applies.append((steps, sequence))
-            state.applyThreads.append(UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(bitPattern: UInt(pthread_self())))))
+            state.applyThreads.append(UInt(pthread_self()))
             defer { state.failNext = false }
             return state.failNext
         }
