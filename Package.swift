@@ -42,7 +42,7 @@ let package = Package(
     ],
     targets: [
         .target(name: "ErrorShape"),
-        .target(name: "StoreModel", dependencies: [.product(name: "NIOCore", package: "swift-nio")]),
+        .target(name: "StoreModel", dependencies: ["OrderedStorage", .product(name: "NIOCore", package: "swift-nio")]),
         .target(
             name: "Wire",
             dependencies: ["StoreModel", .product(name: "NIOCore", package: "swift-nio")]
@@ -153,8 +153,8 @@ let package = Package(
         .testTarget(
             name: "BrokerCoreTests",
             dependencies: [
-                "BrokerCore", "StoreModel", "TestSupport", .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
+                "BrokerCore", "StoreModel", "OrderedStorage", "TestSupport",
+                .product(name: "NIOCore", package: "swift-nio"), .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .testTarget(name: "BrokerDBusTests", dependencies: ["BrokerDBus", "Wire"]),

@@ -132,7 +132,9 @@ final class Workload: @unchecked Sendable {
     /// Ids 0, 1, 2... instead of random ones (filling the store).
     var sequentialKeys = false
     private var next = 0
-    private var random = SystemRandomNumberGenerator()
+    /// A fast generator seeded once (as redis-benchmark uses `random()`): the system generator costs a
+    /// `getrandom` system call per id, which weighed more than the daemon's work on a batch.
+    private var random = SplitMix64(seed: UInt64.random(in: 0...UInt64.max))
 
     init(test: BenchTest, store: String, dataSize: Int, keyspace: Int, batchItems: Int, rangeLimit: Int) {
         self.test = test
@@ -151,8 +153,21 @@ final class Workload: @unchecked Sendable {
         } else {
             number = keyspace > 0 ? Int.random(in: 0..<keyspace, using: &random) : 0
         }
-        let digits = String(number)
-        return ItemID("key:" + String(repeating: "0", count: max(0, 12 - digits.count)) + digits)
+        return ItemID(Self.keyText(number))
+    }
+
+    /// `key:` and `number` in 12 digits, written in place (as redis-benchmark fills its `__rand_int__`): the
+    /// client's cost per id must not weigh on the daemon's figures.
+    static func keyText(_ number: Int) -> String {
+        String(unsafeUninitializedCapacity: 16) { bytes in
+            var value = number
+            for (index, byte) in "key:".utf8.enumerated() { bytes[index] = byte }
+            for index in (4..<16).reversed() {
+                bytes[index] = UInt8(ascii: "0") + UInt8(value % 10)
+                value /= 10
+            }
+            return 16
+        }
     }
 
     func encode(id: UInt32, maxFrameLength: Int, into out: inout ByteBuffer) throws(WireError) {
@@ -547,5 +562,20 @@ final class AnswerSink: ChannelInboundHandler {
             welcomed = true
             ready.succeed(())
         }
+    }
+}
+
+/// SplitMix64: statistically good enough for picking ids, a few instructions per number.
+struct SplitMix64: RandomNumberGenerator {
+    private var state: UInt64
+
+    init(seed: UInt64) { state = seed }
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 }

@@ -451,7 +451,7 @@ final class ManagedStore: Sendable {
             var sequence = state.sequence
             var outcomes: [Outcome] = []
             var steps: [EngineStep] = []
-            for write in writes {
+            for (index, write) in writes.enumerated() {
                 guard case .write(let operation) = write.kind else { preconditionFailure("drops are not grouped") }
                 if let conflict = conflict(write.condition, epoch: epoch, sequence: sequence) {
                     outcomes.append(.failed(conflict))
@@ -466,7 +466,7 @@ final class ManagedStore: Sendable {
                             )))
                     continue
                 }
-                guard let planned = planner.plan(operation, now: now) else {
+                guard let planned = planner.plan(operation, now: now, last: index == writes.count - 1) else {
                     outcomes.append(.unchanged(epoch: epoch, sequence: sequence))
                     continue
                 }

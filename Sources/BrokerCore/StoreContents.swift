@@ -7,22 +7,40 @@ import StoreModel
 /// durable (`apply(_:)`), the same steps every subscriber receives, so memory, engine and subscribers cannot
 /// disagree.
 public struct StoreContents: Sendable {
-    private var table = OrderedTable<ItemID, ItemRecord>()
+    /// A record without its id (the table's key holds that): 16 bytes less per item.
+    private struct Stored: Sendable {
+        var createdAt: UInt64
+        var updatedAt: UInt64
+        var payload: Payload
+
+        init(_ record: ItemRecord) {
+            createdAt = record.createdAt
+            updatedAt = record.updatedAt
+            payload = record.payload
+        }
+
+        func record(_ id: ItemID) -> ItemRecord {
+            ItemRecord(id: id, createdAt: createdAt, updatedAt: updatedAt, payload: payload)
+        }
+    }
+
+    private var table = OrderedTable<ItemID, Stored>()
 
     public init() {}
 
     public init(records: [ItemRecord]) {
-        for record in records { table.put(record.id, record) }
+        table.reserveCapacity(records.count)
+        for record in records { table.put(record.id, Stored(record)) }
     }
 
     public var count: Int { table.count }
 
-    public func record(_ id: ItemID) -> ItemRecord? { table.value(for: id) }
+    public func record(_ id: ItemID) -> ItemRecord? { table.value(for: id)?.record(id) }
 
     public func contains(_ id: ItemID) -> Bool { table.contains(id) }
 
     /// Every record, in store order.
-    public var records: [ItemRecord] { collect(after: nil, limit: 0) { $1 } ?? [] }
+    public var records: [ItemRecord] { collect(after: nil, limit: 0) { $1.record($0) } ?? [] }
 
     /// Every id, in store order.
     public var ids: [ItemID] { collect(after: nil, limit: 0) { id, _ in id } ?? [] }
@@ -30,7 +48,7 @@ public struct StoreContents: Sendable {
     /// Up to `limit` records (0: no limit) after `cursor` (or from the start), in store order; `nil` when the
     /// cursor's id is not in the store.
     public func records(after cursor: ItemID?, limit: Int) -> [ItemRecord]? {
-        collect(after: cursor, limit: limit) { $1 }
+        collect(after: cursor, limit: limit) { $1.record($0) }
     }
 
     /// Like `records(after:limit:)`, ids only.
@@ -38,10 +56,10 @@ public struct StoreContents: Sendable {
         collect(after: cursor, limit: limit) { id, _ in id }
     }
 
-    private func collect<T>(after cursor: ItemID?, limit: Int, _ transform: (ItemID, ItemRecord) -> T) -> [T]? {
+    private func collect<T>(after cursor: ItemID?, limit: Int, _ transform: (ItemID, Stored) -> T) -> [T]? {
         var out: [T] = []
         out.reserveCapacity(limit == 0 ? table.count : min(limit, table.count))
-        let visit: (ItemID, ItemRecord) -> Bool = { id, record in
+        let visit: (ItemID, Stored) -> Bool = { id, record in
             out.append(transform(id, record))
             return limit == 0 || out.count < limit
         }
@@ -58,7 +76,7 @@ public struct StoreContents: Sendable {
         for step in steps {
             switch step {
             case .insert(let records):
-                for record in records { table.put(record.id, record) }
+                for record in records { table.put(record.id, Stored(record)) }
             case .remove(let ids):
                 if ids.count == table.count, ids.count > 64 {
                     // A removeAll: cheaper to start over than to remove one by one.

@@ -22,19 +22,25 @@ struct WritePlanner {
     private var baseCleared = false
     /// Committed ids removed by a planned request: their committed position no longer counts.
     private var hidden: Set<ItemID> = []
-    /// The current record of every id a planned request touched; `nil` for removed.
-    private var overlay: [ItemID: ItemRecord?] = [:]
+    /// What the requests planned so far did to each id they touched.
+    private var overlay: [ItemID: Touched] = [:]
     /// Ids appended by planned requests, in order; an id appended twice counts at its latest position.
     private var appended: [ItemID] = []
-    private var appendPosition: [ItemID: Int] = [:]
+
+    private struct Touched {
+        /// The current record; `nil` once removed.
+        var record: ItemRecord?
+        /// Where a planned request appended the id (`appended`), if one did.
+        var appendedAt: Int?
+    }
 
     init(base: StoreContents) {
         self.base = base
     }
 
     private func current(_ id: ItemID) -> ItemRecord? {
-        if let entry = overlay[id] { return entry }
-        if baseCleared || hidden.contains(id) { return nil }
+        if !overlay.isEmpty, let touched = overlay[id] { return touched.record }
+        if baseCleared || (!hidden.isEmpty && hidden.contains(id)) { return nil }
         return base.record(id)
     }
 
@@ -44,23 +50,24 @@ struct WritePlanner {
         if !baseCleared {
             for id in base.ids where !hidden.contains(id) { out.append(id) }
         }
-        for (position, id) in appended.enumerated() where appendPosition[id] == position {
-            if case .some(.some) = overlay[id] { out.append(id) }
+        for (position, id) in appended.enumerated() {
+            if let touched = overlay[id], touched.appendedAt == position, touched.record != nil { out.append(id) }
         }
         return out
     }
 
-    /// Plans one request; `nil` when it changes nothing. `now` stamps the records it writes.
-    mutating func plan(_ operation: WriteOperation, now: UInt64) -> PlannedWrite? {
+    /// Plans one request; `nil` when it changes nothing. `now` stamps the records it writes. `last` says no
+    /// request is planned after this one, so what it does need not be remembered for the next.
+    mutating func plan(_ operation: WriteOperation, now: UInt64, last: Bool = false) -> PlannedWrite? {
         var planned = PlannedWrite(events: [], engineSteps: [])
         switch operation {
-        case .insert(let items): insert(items, now: now, into: &planned)
+        case .insert(let items): insert(items, now: now, remember: !last, into: &planned)
         case .remove(let ids): remove(ids, into: &planned)
         case .removeAll: removeAll(into: &planned)
         case .chain(let steps):
             for step in steps {
                 switch step {
-                case .insert(let items): insert(items, now: now, into: &planned)
+                case .insert(let items): insert(items, now: now, remember: true, into: &planned)
                 case .remove(let ids): remove(ids, into: &planned)
                 case .removeAll: removeAll(into: &planned)
                 }
@@ -69,43 +76,53 @@ struct WritePlanner {
         return planned.events.isEmpty ? nil : planned
     }
 
-    private mutating func insert(_ items: [Item], now: UInt64, into planned: inout PlannedWrite) {
+    /// In one batch the first occurrence of an id fixes its position and the last payload wins. Each id is
+    /// hashed once to find repeats, once per table that may hold it (the overlay, the committed contents), and
+    /// once more when `remember` records it for the requests planned after this one.
+    private mutating func insert(
+        _ items: [Item], now: UInt64, remember: Bool, into planned: inout PlannedWrite
+    ) {
         guard !items.isEmpty else { return }
-        // In one batch the first occurrence fixes the position and the last payload wins.
-        var unique: [(id: ItemID, payload: Payload)] = []
-        if items.count == 1 {
-            unique = [(items[0].id, items[0].payload)]
-        } else {
-            var order: [ItemID] = []
-            var payloads: [ItemID: Payload] = [:]
-            order.reserveCapacity(items.count)
-            payloads.reserveCapacity(items.count)
-            for item in items {
-                if payloads.updateValue(item.payload, forKey: item.id) == nil { order.append(item.id) }
-            }
-            unique = order.map { ($0, payloads[$0]!) }
-        }
         var records: [ItemRecord] = []
-        records.reserveCapacity(unique.count)
-        planned.engineSteps.reserveCapacity(planned.engineSteps.count + unique.count)
-        for (id, submitted) in unique {
+        var fresh: [Bool] = []
+        records.reserveCapacity(items.count)
+        fresh.reserveCapacity(items.count)
+        var positions: [ItemID: Int] = [:]
+        if items.count > 1 { positions.reserveCapacity(items.count) }
+        for item in items {
             // The record outlives the request (memory, history): its payload owns its bytes.
-            let payload = submitted.owned
-            let record: ItemRecord
-            if let existing = current(id) {
-                record = ItemRecord(id: id, createdAt: existing.createdAt, updatedAt: now, payload: payload)
-            } else {
-                record = ItemRecord(id: id, createdAt: now, updatedAt: now, payload: payload)
-                appendPosition[id] = appended.count
-                appended.append(id)
+            if items.count > 1, let earlier = positions.updateValue(records.count, forKey: item.id) {
+                positions[item.id] = earlier
+                records[earlier].payload = item.payload.owned
+                continue
             }
-            overlay[id] = .some(record)
-            records.append(record)
+            if let existing = current(item.id) {
+                records.append(
+                    ItemRecord(id: item.id, createdAt: existing.createdAt, updatedAt: now, payload: item.payload.owned))
+                fresh.append(false)
+            } else {
+                records.append(ItemRecord(id: item.id, createdAt: now, updatedAt: now, payload: item.payload.owned))
+                fresh.append(true)
+            }
+        }
+        planned.engineSteps.reserveCapacity(planned.engineSteps.count + records.count)
+        for record in records {
             planned.engineSteps.append(
                 .put(
                     EngineRecord(
-                        key: Array(id.string.utf8), payload: record.payload.bytes, createdAt: record.createdAt,
+                        key: Array(record.id.string.utf8), payload: record.payload.bytes, createdAt: record.createdAt,
                         updatedAt: record.updatedAt)))
+        }
+        if remember {
+            overlay.reserveCapacity(overlay.count + records.count)
+            for (record, isNew) in zip(records, fresh) {
+                let position = appended.count
+                modify(&overlay[record.id, default: Touched()]) { touched in
+                    touched.record = record
+                    if isNew { touched.appendedAt = position }
+                }
+                if isNew { appended.append(record.id) }
+            }
         }
         append(.insert(records: records), to: &planned)
     }
@@ -122,7 +139,7 @@ struct WritePlanner {
     }
 
     private mutating func markRemoved(_ id: ItemID) {
-        overlay[id] = .some(nil)
+        overlay[id, default: Touched()].record = nil
         if !baseCleared, base.contains(id) { hidden.insert(id) }
     }
 
@@ -133,7 +150,6 @@ struct WritePlanner {
         hidden = []
         overlay = [:]
         appended = []
-        appendPosition = [:]
         planned.engineSteps.append(.removeAll)
         append(.remove(ids: ids), to: &planned)
     }
@@ -156,3 +172,6 @@ struct WritePlanner {
         planned.events.append(step)
     }
 }
+
+/// Changes a value in place: `modify(&table[key, default: ...]) { ... }` finds the key once.
+private func modify<T>(_ value: inout T, _ body: (inout T) -> Void) { body(&value) }

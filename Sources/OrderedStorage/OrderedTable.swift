@@ -1,5 +1,31 @@
 // No dependencies: shared by the broker's in-memory stores and the engines written in Swift.
 
+/// A key an `OrderedTable` can hold: hashed once per table operation through `tableHash`.
+///
+/// The default is the key's `hashValue` (Swift's per-process seeded hasher, so ids a client picks cannot be
+/// made to collide on purpose); a key whose standard hashing is slow (an array of bytes, hashed element by
+/// element) gives a faster one with the same guarantees.
+public protocol TableKey: Hashable {
+    var tableHash: Int { get }
+}
+
+extension TableKey {
+    @inlinable
+    public var tableHash: Int { hashValue }
+}
+
+extension String: TableKey {}
+
+extension Array: TableKey where Element == UInt8 {
+    /// The bytes hashed in one call (Swift's `Array.hash(into:)` feeds them one by one).
+    @inlinable
+    public var tableHash: Int {
+        var hasher = Hasher()
+        withUnsafeBytes { hasher.combine(bytes: $0) }
+        return hasher.finalize()
+    }
+}
+
 /// Key-value pairs in insertion order, with transactions: the ordered map an engine needs.
 ///
 /// A put of an existing key keeps its position; a put of a new key (or of a key removed earlier) goes last.
@@ -7,32 +33,47 @@
 /// Between `begin()` and `commit()` every change is logged; `rollback()` undoes them in reverse, so a failed
 /// apply leaves the table exactly as it was, in time proportional to the changes made (not to the table).
 ///
+/// The index is an open-addressed table of 8-byte buckets, each holding 32 bits of the key's hash and the
+/// key's slot: a key is hashed once per operation, a probe compares integers before it compares keys, and
+/// growing or compacting the table moves buckets without hashing a key again. (A `Dictionary<Key, Int>`
+/// hashes every key again when it grows, compares keys on every probe and takes three times the memory.)
+///
 /// Everything is `@inlinable`: the broker's memory and the engines use it on their hot paths, and a generic type
 /// used across modules unspecialized goes through value witnesses for every copy, hash and comparison.
-public struct OrderedTable<Key: Hashable, Value> {
+public struct OrderedTable<Key: TableKey, Value> {
     @usableFromInline var slots: [(key: Key, value: Value)?] = []
-    @usableFromInline var index: [Key: Int] = [:]
+    /// `0` is empty; otherwise the low 32 bits of the hash above the slot number plus one.
+    @usableFromInline var buckets: [UInt64] = []
+    @usableFromInline var live = 0
     @usableFromInline var undo: [Undo]?
 
     @usableFromInline enum Undo {
         case restore(slot: Int, entry: (key: Key, value: Value))
-        case unappend(key: Key)
-        case restoreAll(slots: [(key: Key, value: Value)?], index: [Key: Int])
+        case unappend
+        case restoreAll(slots: [(key: Key, value: Value)?], buckets: [UInt64], live: Int)
     }
 
     @inlinable
     public init() {}
 
     @inlinable
-    public var count: Int { index.count }
+    public var count: Int { live }
 
+    /// Room for `capacity` keys without growing the index.
     @inlinable
-    public func value(for key: Key) -> Value? {
-        index[key].flatMap { slots[$0]?.value }
+    public mutating func reserveCapacity(_ capacity: Int) {
+        slots.reserveCapacity(capacity)
+        if Self.bucketCount(for: capacity) > buckets.count { rebuild(bucketCount: Self.bucketCount(for: capacity)) }
     }
 
     @inlinable
-    public func contains(_ key: Key) -> Bool { index[key] != nil }
+    public func value(for key: Key) -> Value? {
+        guard let bucket = find(key, hash: key.tableHash).found else { return nil }
+        return slots[Self.slot(buckets[bucket])]?.value
+    }
+
+    @inlinable
+    public func contains(_ key: Key) -> Bool { find(key, hash: key.tableHash).found != nil }
 
     /// Every pair, in order, until `body` returns `false`.
     @inlinable
@@ -47,8 +88,8 @@ public struct OrderedTable<Key: Hashable, Value> {
     @discardableResult
     @inlinable
     public func forEach(after key: Key, _ body: (_ key: Key, _ value: Value) throws -> Bool) rethrows -> Bool {
-        guard let position = index[key] else { return false }
-        for slot in slots[(position + 1)...] {
+        guard let bucket = find(key, hash: key.tableHash).found else { return false }
+        for slot in slots[(Self.slot(buckets[bucket]) + 1)...] {
             guard let slot else { continue }
             if try !body(slot.key, slot.value) { break }
         }
@@ -59,14 +100,25 @@ public struct OrderedTable<Key: Hashable, Value> {
     @discardableResult
     @inlinable
     public mutating func put(_ key: Key, _ value: Value) -> Value? {
-        if let position = index[key], let old = slots[position] {
+        let hash = key.tableHash
+        let probe = find(key, hash: hash)
+        if let bucket = probe.found {
+            let position = Self.slot(buckets[bucket])
+            let old = slots[position]!
             undo?.append(.restore(slot: position, entry: old))
             slots[position] = (key, value)
             return old.value
         }
-        undo?.append(.unappend(key: key))
-        index[key] = slots.count
+        undo?.append(.unappend)
+        if (live + 1) * 2 > buckets.count {
+            // Grow: at most half the buckets in use keeps probes short.
+            rebuild(bucketCount: Self.bucketCount(for: live + 1))
+            buckets[find(key, hash: hash).empty] = Self.bucket(hash: hash, slot: slots.count)
+        } else {
+            buckets[probe.empty] = Self.bucket(hash: hash, slot: slots.count)
+        }
         slots.append((key, value))
+        live += 1
         return nil
     }
 
@@ -74,22 +126,26 @@ public struct OrderedTable<Key: Hashable, Value> {
     @discardableResult
     @inlinable
     public mutating func remove(_ key: Key) -> Value? {
-        guard let position = index.removeValue(forKey: key), let old = slots[position] else { return nil }
+        guard let bucket = find(key, hash: key.tableHash).found else { return nil }
+        let position = Self.slot(buckets[bucket])
+        let old = slots[position]!
+        deleteBucket(bucket)
+        live -= 1
+        slots[position] = nil
         if undo == nil {
-            slots[position] = nil
             compactIfSparse()
         } else {
             undo!.append(.restore(slot: position, entry: old))
-            slots[position] = nil
         }
         return old.value
     }
 
     @inlinable
     public mutating func removeAll() {
-        undo?.append(.restoreAll(slots: slots, index: index))
+        undo?.append(.restoreAll(slots: slots, buckets: buckets, live: live))
         slots = []
-        index = [:]
+        buckets = []
+        live = 0
     }
 
     /// Starts logging changes.
@@ -114,28 +170,116 @@ public struct OrderedTable<Key: Hashable, Value> {
         for entry in log.reversed() {
             switch entry {
             case .restore(let position, let old):
+                // The key's bucket was deleted (a removal) or still points here (a replacement).
+                let hash = old.key.tableHash
+                let probe = find(old.key, hash: hash)
+                if probe.found == nil {
+                    buckets[probe.empty] = Self.bucket(hash: hash, slot: position)
+                    live += 1
+                }
                 slots[position] = old
-                index[old.key] = position
-            case .unappend(let key):
+            case .unappend:
+                let last = slots[slots.count - 1]!
+                deleteBucket(find(last.key, hash: last.key.tableHash).found!)
                 slots.removeLast()
-                index.removeValue(forKey: key)
-            case .restoreAll(let oldSlots, let oldIndex):
+                live -= 1
+            case .restoreAll(let oldSlots, let oldBuckets, let oldLive):
                 slots = oldSlots
-                index = oldIndex
+                buckets = oldBuckets
+                live = oldLive
+            }
+        }
+    }
+
+    // MARK: The index
+
+    @inlinable
+    static func bucketCount(for keys: Int) -> Int {
+        var count = 16
+        while count < keys * 2 { count <<= 1 }
+        return count
+    }
+
+    @inlinable
+    static func bucket(hash: Int, slot: Int) -> UInt64 {
+        UInt64(truncatingIfNeeded: UInt32(truncatingIfNeeded: hash)) << 32 | UInt64(slot + 1)
+    }
+
+    @inlinable
+    static func slot(_ bucket: UInt64) -> Int { Int(bucket & 0xFFFF_FFFF) - 1 }
+
+    @inlinable
+    static func home(_ bucket: UInt64, mask: Int) -> Int { Int(bucket >> 32) & mask }
+
+    /// The bucket holding `key`, or else the empty bucket where it would go.
+    @inlinable
+    func find(_ key: Key, hash: Int) -> (found: Int?, empty: Int) {
+        guard !buckets.isEmpty else { return (nil, 0) }
+        let mask = buckets.count - 1
+        let tag = UInt64(truncatingIfNeeded: UInt32(truncatingIfNeeded: hash))
+        var index = Int(tag) & mask
+        return buckets.withUnsafeBufferPointer { buckets in
+            while true {
+                let bucket = buckets[index]
+                if bucket == 0 { return (nil, index) }
+                if bucket >> 32 == tag, slots[Self.slot(bucket)]!.key == key { return (index, index) }
+                index = (index + 1) & mask
+            }
+        }
+    }
+
+    /// Empties a bucket and shifts the buckets after it back, so that no probe ever needs a tombstone.
+    @inlinable
+    mutating func deleteBucket(_ start: Int) {
+        let mask = buckets.count - 1
+        var hole = start
+        var index = (start + 1) & mask
+        while buckets[index] != 0 {
+            let home = Self.home(buckets[index], mask: mask)
+            // The bucket may fill the hole when its home is not cyclically in (hole, index].
+            let distanceToHome = (index - home) & mask
+            let distanceToHole = (index - hole) & mask
+            if distanceToHome >= distanceToHole {
+                buckets[hole] = buckets[index]
+                hole = index
+            }
+            index = (index + 1) & mask
+        }
+        buckets[hole] = 0
+    }
+
+    /// Re-lays the buckets into `bucketCount` buckets, with slot numbers mapped through `renumber`.
+    @inlinable
+    mutating func rebuild(bucketCount: Int, renumber: [Int]? = nil) {
+        let old = buckets
+        buckets = Array(repeating: 0, count: bucketCount)
+        let mask = bucketCount - 1
+        buckets.withUnsafeMutableBufferPointer { buckets in
+            for var bucket in old where bucket != 0 {
+                if let renumber {
+                    bucket = bucket & ~0xFFFF_FFFF | UInt64(renumber[Self.slot(bucket)] + 1)
+                }
+                var index = Self.home(bucket, mask: mask)
+                while buckets[index] != 0 { index = (index + 1) & mask }
+                buckets[index] = bucket
             }
         }
     }
 
     @usableFromInline mutating func compactIfSparse() {
-        let holes = slots.count - index.count
-        guard holes > 64, holes > index.count else { return }
-        slots = slots.filter { $0 != nil }
-        for (position, slot) in slots.enumerated() {
-            index[slot!.key] = position
+        let holes = slots.count - live
+        guard holes > 64, holes > live else { return }
+        var renumber = Array(repeating: -1, count: slots.count)
+        var kept: [(key: Key, value: Value)?] = []
+        kept.reserveCapacity(live)
+        for (position, slot) in slots.enumerated() where slot != nil {
+            renumber[position] = kept.count
+            kept.append(slot)
         }
+        slots = kept
+        rebuild(bucketCount: Self.bucketCount(for: live), renumber: renumber)
     }
 }
-
 
 extension OrderedTable: Sendable where Key: Sendable, Value: Sendable {}
 extension OrderedTable.Undo: Sendable where Key: Sendable, Value: Sendable {}

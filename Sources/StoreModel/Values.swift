@@ -1,11 +1,16 @@
 import NIOCore
+import OrderedStorage
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// An item id: UTF-8 text compared **as bytes**.
 ///
 /// Swift's `String` equality uses Unicode canonical equivalence ("é" precomposed equals "e" + U+0301);
 /// ids must not, so `ItemID` compares and hashes the UTF-8 bytes. Its `string` keeps the bytes exactly as
 /// received.
-public struct ItemID: Hashable, Sendable, Codable, Comparable, CustomStringConvertible,
+public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomStringConvertible,
     ExpressibleByStringLiteral
 {
     public var string: String
@@ -18,13 +23,28 @@ public struct ItemID: Hashable, Sendable, Codable, Comparable, CustomStringConve
         self.string = value
     }
 
+    // Equality and hashing run several times per item a request writes (the planner, memory, the engine's
+    // table): both read the UTF-8 bytes in place (a native or small string has them contiguous), never
+    // iterating the view element by element nor copying the string.
+
+    @inlinable
     public static func == (lhs: ItemID, rhs: ItemID) -> Bool {
-        lhs.string.utf8.elementsEqual(rhs.string.utf8)
+        let left = lhs.string.utf8, right = rhs.string.utf8
+        guard left.count == right.count else { return false }
+        let same = left.withContiguousStorageIfAvailable { l in
+            right.withContiguousStorageIfAvailable { r in
+                l.count == 0 || memcmp(l.baseAddress!, r.baseAddress!, l.count) == 0
+            }
+        }
+        return (same ?? nil) ?? left.elementsEqual(right)
     }
 
+    @inlinable
     public func hash(into hasher: inout Hasher) {
-        var copy = string
-        copy.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+        let utf8 = string.utf8
+        if utf8.withContiguousStorageIfAvailable({ hasher.combine(bytes: UnsafeRawBufferPointer($0)) }) == nil {
+            Array(utf8).withUnsafeBytes { hasher.combine(bytes: $0) }
+        }
     }
 
     /// Byte order of the UTF-8 encoding.

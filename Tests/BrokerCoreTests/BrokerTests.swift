@@ -236,6 +236,35 @@ private final class Answers: @unchecked Sendable {
         }
     }
 
+    /// Requests planned in one group each see the ones before them: a replaced id keeps its place and creation
+    /// time, a removed and re-inserted id goes last, a repeat within one batch keeps the first place and the last
+    /// payload, and memory after the one transaction is what the requests one by one would have made.
+    @Test func requestsOfOneGroupSeeTheOnesBeforeThem() async throws {
+        try await withBroker { broker, engine in
+            _ = await ask(broker, .write(store: "s", .insert([item("a", "0"), item("z", "0")])))
+            let created = try await records(broker, "s")[0].createdAt
+            try await Task.sleep(for: .milliseconds(2))
+            let answers = Answers()
+            let group: [WriteOperation] = [
+                .insert([item("b", "1"), item("c", "1"), item("b", "2")]),
+                .insert([item("a", "3")]),
+                .remove(["b", "b", "missing"]),
+                .chain([.insert(items: [item("b", "4")]), .remove(ids: ["z"])]),
+                .insert([item("c", "5")]),
+            ]
+            broker.handle(group.enumerated().map { n, operation in
+                BrokerRequest(.write(store: "s", operation)) { answers.add(n, $0) }
+            })
+            try await answers.waitFor(group.count)
+            #expect(answers.sequences == Array(2...6))
+            #expect(engine.state.withLock { $0.applies.count } == 2)
+            let all = try await records(broker, "s")
+            #expect(all.map(\.id) == ["a", "c", "b"])
+            #expect(all.map { String(buffer: $0.payload.bytes) } == ["3", "5", "4"])
+            #expect(all[0].createdAt == created && all[0].updatedAt > created)
+        }
+    }
+
     /// A blocking engine is called on a writer thread, never on the thread that handed the write in (an event
     /// loop); a `nonblocking` engine whose store is open and idle commits right there, with no hand-off.
     @Test func blockingEnginesRunOnWriterThreadsNonblockingOnesWhereTheRequestCame() async throws {

@@ -37,7 +37,7 @@ import Wire
                 stream.writeBuffer(&piece)
             }
             #expect(stream.readableBytes == shared.readableBytes)
-            var decoder = FrameDecoder(maxFrameLength: 8192)
+            let decoder = FrameDecoder(maxFrameLength: 8192)
             var assembler = ServerMessageAssembler()
             var decoded: ServerMessage?
             var frames = 0

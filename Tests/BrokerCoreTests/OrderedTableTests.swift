@@ -1,0 +1,116 @@
+import OrderedStorage
+import Testing
+
+/// The plain model the table must agree with: keys in order, values by key.
+private struct Model {
+    var order: [Int] = []
+    var values: [Int: Int] = [:]
+
+    mutating func put(_ key: Int, _ value: Int) -> Int? {
+        let old = values.updateValue(value, forKey: key)
+        if old == nil { order.append(key) }
+        return old
+    }
+
+    mutating func remove(_ key: Int) -> Int? {
+        guard let old = values.removeValue(forKey: key) else { return nil }
+        order.removeAll { $0 == key }
+        return old
+    }
+
+    var pairs: [[Int]] { order.map { [$0, values[$0]!] } }
+}
+
+/// A key whose hash is chosen by the test, to force long probe runs and wrap-around.
+private struct Clashing: TableKey {
+    var id: Int
+    var tableHash: Int { id % 3 == 0 ? 7 : id &* 0x9E37_79B9 }
+}
+
+@Suite struct OrderedTableTests {
+    private func pairs<K>(_ table: OrderedTable<K, Int>, _ key: (K) -> Int) -> [[Int]] {
+        var out: [[Int]] = []
+        table.forEach { k, v in
+            out.append([key(k), v])
+            return true
+        }
+        return out
+    }
+
+    @Test("random puts, removes, removeAlls and rolled-back transactions agree with a plain model")
+    func agreesWithModel() {
+        var generator = SplitMix(seed: 14)
+        var table = OrderedTable<String, Int>()
+        var model = Model()
+        for round in 0..<400 {
+            let transaction = round % 3 == 0
+            let saved = model
+            if transaction { table.begin() }
+            for _ in 0..<Int.random(in: 1...60, using: &generator) {
+                let key = Int.random(in: 0..<300, using: &generator)
+                switch Int.random(in: 0..<100, using: &generator) {
+                case 0..<55:
+                    let value = Int.random(in: 0..<1_000_000, using: &generator)
+                    #expect(table.put(String(key), value) == model.put(key, value))
+                case 55..<99:
+                    #expect(table.remove(String(key)) == model.remove(key))
+                default:
+                    table.removeAll()
+                    model = Model()
+                }
+                #expect(table.count == model.values.count)
+            }
+            if transaction {
+                if round % 2 == 0 {
+                    table.rollback()
+                    model = saved
+                } else {
+                    table.commit()
+                }
+            }
+            #expect(pairs(table, { Int($0)! }) == model.pairs)
+            for key in 0..<300 {
+                #expect(table.value(for: String(key)) == model.values[key])
+                #expect(table.contains(String(key)) == (model.values[key] != nil))
+            }
+        }
+    }
+
+    @Test("keys sharing one hash probe past each other, across the end of the index, and survive removal")
+    func clashingHashes() {
+        var table = OrderedTable<Clashing, Int>()
+        for id in 0..<3000 { table.put(Clashing(id: id), id) }
+        for id in stride(from: 0, to: 3000, by: 2) { #expect(table.remove(Clashing(id: id)) == id) }
+        #expect(table.count == 1500)
+        for id in 0..<3000 { #expect(table.value(for: Clashing(id: id)) == (id % 2 == 1 ? id : nil)) }
+        #expect(pairs(table, \.id).map { $0[0] } == Array(stride(from: 1, to: 3000, by: 2)))
+    }
+
+    @Test("a put of a removed key goes last; forEach(after:) starts after the key")
+    func order() {
+        var table = OrderedTable<[UInt8], Int>()
+        for (index, word) in ["a", "b", "c"].enumerated() { table.put(Array(word.utf8), index) }
+        table.remove(Array("a".utf8))
+        table.put(Array("a".utf8), 9)
+        var after: [Int] = []
+        #expect(table.forEach(after: Array("b".utf8)) { _, value in
+            after.append(value)
+            return true
+        })
+        #expect(after == [2, 9])
+        #expect(!table.forEach(after: Array("z".utf8)) { _, _ in true })
+    }
+}
+
+/// A small deterministic generator, so a failure repeats.
+private struct SplitMix: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
