@@ -12,17 +12,17 @@ struct EnginePlace: Sendable {
         var manifest: Manifest
         var engine: any StorageEngine
         var store: any EngineStore
-        var records: [EngineRecord]
     }
 
     private func options(_ engine: any StorageEngine) -> [String: String] {
         environment.configuration.engineOptions[engine.name] ?? [:]
     }
 
-    /// What the place holds, or `nil` when it does not exist. An engine that cannot be loaded is an error,
-    /// never an empty result; so is an engine that opens at sequence 0 where the manifest records a commit
-    /// (its files were lost or replaced): the place is then broken, not empty.
-    func load() throws(BrokerError) -> Loaded? {
+    /// What the place holds, or `nil` when it does not exist: `expect` gets the engine's count of records (to
+    /// reserve room), then `visit` every record in order, its bytes borrowed for the call. An engine that cannot
+    /// be loaded is an error, never an empty result; so is an engine that opens at sequence 0 where the manifest
+    /// records a commit (its files were lost or replaced): the place is then broken, not empty.
+    func load(expect: (Int) -> Void = { _ in }, visit: (ScannedRecord) -> Void) throws(BrokerError) -> Loaded? {
         guard var manifest = try environment.directory.manifest(place) else { return nil }
         let engine: any StorageEngine
         do throws(BrokerError) {
@@ -41,8 +41,11 @@ struct EnginePlace: Sendable {
             if !manifest.committed, store.openedSequence > 0, let updated = recordCommitted(manifest) {
                 manifest = updated
             }
-            let records = try Self.engineCall { () throws(EngineFailure) in try store.scanAll() }
-            return Loaded(manifest: manifest, engine: engine, store: store, records: records)
+            try Self.engineCall { () throws(EngineFailure) in
+                expect(Int(clamping: try store.count()))
+                try store.scan(visit)
+            }
+            return Loaded(manifest: manifest, engine: engine, store: store)
         } catch {
             store.close()
             throw error

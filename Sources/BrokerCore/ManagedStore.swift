@@ -131,8 +131,8 @@ final class ManagedStore: Sendable {
 
     private func load() {
         do throws(BrokerError) {
-            let loaded = try place.load()
-            let contents = StoreContents(records: loaded?.records.map(ItemRecord.init(engineRecord:)) ?? [])
+            var contents = StoreContents()
+            let loaded = try place.load(expect: { contents.reserveCapacity($0) }, visit: { contents.load($0) })
             let sequence = loaded?.store.openedSequence ?? 0
             if let loaded {
                 logger.debug(
@@ -595,14 +595,6 @@ final class ManagedStore: Sendable {
 
     /// Refuses new writes, waits for the queued ones to finish, then closes the engine store.
     func shutdown() async { await state.shutDownWriter(on: environment) }
-}
-
-extension ItemRecord {
-    init(engineRecord record: EngineRecord) {
-        self.init(
-            id: ItemID(String(decoding: record.key, as: UTF8.self)), createdAt: record.createdAt,
-            updatedAt: record.updatedAt, payload: Payload(record.payload))
-    }
 }
 
 /// A store's recent events, for subscribers that resume: at most `maxCount` commits and `maxBytes` bytes

@@ -126,12 +126,48 @@ public protocol EngineStore: AnyObject, Sendable {
     func apply(_ steps: [EngineStep], sequence: UInt64) throws(EngineFailure)
     /// The records for `keys`, in request order; `nil` for a missing key.
     func get(_ keys: [[UInt8]]) throws(EngineFailure) -> [EngineRecord?]
-    /// Every record, in the store's order.
-    func scanAll() throws(EngineFailure) -> [EngineRecord]
+    /// Every record, in the store's order, handed to `visit` one at a time with its bytes borrowed for the call
+    /// only: loading a store builds memory from them directly, with no array of every record in between.
+    func scan(_ visit: (ScannedRecord) -> Void) throws(EngineFailure)
     func count() throws(EngineFailure) -> UInt64
     /// Every key, in the store's order.
     func allKeys() throws(EngineFailure) -> [[UInt8]]
     func contains(_ key: [UInt8]) throws(EngineFailure) -> Bool
     /// Releases the store. No other call may follow.
     func close()
+}
+
+/// A record an engine hands out during `scan`: its bytes are valid only inside the visit.
+public struct ScannedRecord {
+    public var key: UnsafeRawBufferPointer
+    public var payload: UnsafeRawBufferPointer
+    /// Milliseconds since the Unix epoch.
+    public var createdAt: UInt64
+    public var updatedAt: UInt64
+
+    public init(key: UnsafeRawBufferPointer, payload: UnsafeRawBufferPointer, createdAt: UInt64, updatedAt: UInt64) {
+        self.key = key
+        self.payload = payload
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+    }
+}
+
+extension EngineStore {
+    /// Every record, in the store's order, copied.
+    public func scanAll() throws(EngineFailure) -> [EngineRecord] {
+        var records: [EngineRecord] = []
+        try scan { records.append(EngineRecord($0)) }
+        return records
+    }
+}
+
+extension EngineRecord {
+    /// A copy of a scanned record.
+    public init(_ scanned: ScannedRecord) {
+        var payload = ByteBufferAllocator().buffer(capacity: scanned.payload.count)
+        payload.writeBytes(scanned.payload)
+        self.init(
+            key: Array(scanned.key), payload: payload, createdAt: scanned.createdAt, updatedAt: scanned.updatedAt)
+    }
 }

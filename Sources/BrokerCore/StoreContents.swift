@@ -1,3 +1,4 @@
+import NIOCore
 import OrderedStorage
 import StoreModel
 
@@ -12,6 +13,12 @@ public struct StoreContents: Sendable {
         var createdAt: UInt64
         var updatedAt: UInt64
         var payload: Payload
+
+        init(createdAt: UInt64, updatedAt: UInt64, payload: Payload) {
+            self.createdAt = createdAt
+            self.updatedAt = updatedAt
+            self.payload = payload
+        }
 
         init(_ record: ItemRecord) {
             createdAt = record.createdAt
@@ -34,6 +41,20 @@ public struct StoreContents: Sendable {
     }
 
     public var count: Int { table.count }
+
+    /// Room for `count` items without growing.
+    public mutating func reserveCapacity(_ count: Int) {
+        table.reserveCapacity(min(count, 1 << 28))
+    }
+
+    /// Adds a record an engine hands out while the store loads: the id and the payload in storage of their own,
+    /// sized to them.
+    mutating func load(_ scanned: ScannedRecord) {
+        var payload = ByteBufferAllocator().buffer(capacity: scanned.payload.count)
+        payload.writeBytes(scanned.payload)
+        let id = ItemID(String(decoding: scanned.key, as: UTF8.self))
+        table.put(id, Stored(createdAt: scanned.createdAt, updatedAt: scanned.updatedAt, payload: Payload(payload)))
+    }
 
     public func record(_ id: ItemID) -> ItemRecord? { table.value(for: id)?.record(id) }
 

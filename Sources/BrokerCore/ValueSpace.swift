@@ -95,9 +95,10 @@ final class ValueSpace: Sendable {
 
     private func load() {
         do throws(BrokerError) {
-            let loaded = try place.load()
+            var records: [EngineRecord] = []
+            let loaded = try place.load(visit: { records.append(EngineRecord($0)) })
             var values: [String: Entry] = [:]
-            for record in loaded?.records ?? [] {
+            for record in records {
                 let name = String(decoding: record.key, as: UTF8.self)
                 values[name] = try decode(record.payload, name: name)
             }

@@ -187,10 +187,10 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
 
     func get(_ keys: [[UInt8]]) throws(EngineFailure) -> [EngineRecord?] {
         try call { [engine] (handle, error) throws(EngineFailure) in
-            let collector = Collector<EngineRecord?>(Array(repeating: nil, count: keys.count))
+            let collector = Collector<[EngineRecord?]>(Array(repeating: nil, count: keys.count))
             try StepArena.withKeys(keys) { (cKeys, count) throws(EngineFailure) in
                 let status = engine.functions.get(handle, cKeys, count, { context, index, item in
-                    let collector = Unmanaged<Collector<EngineRecord?>>.fromOpaque(context!).takeUnretainedValue()
+                    let collector = Unmanaged<Collector<[EngineRecord?]>>.fromOpaque(context!).takeUnretainedValue()
                     guard index < collector.values.count else { return 1 }
                     collector.values[index] = item.map { EngineRecord($0.pointee) }
                     return 0
@@ -201,16 +201,28 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
         }
     }
 
-    func scanAll() throws(EngineFailure) -> [EngineRecord] {
+    func scan(_ visit: (ScannedRecord) -> Void) throws(EngineFailure) {
         try call { [engine] (handle, error) throws(EngineFailure) in
-            let collector = Collector<EngineRecord>([])
-            let status = engine.functions.scan(handle, { context, item in
-                Unmanaged<Collector<EngineRecord>>.fromOpaque(context!).takeUnretainedValue().values.append(
-                    EngineRecord(item!.pointee))
-                return 0
-            }, Unmanaged.passUnretained(collector).toOpaque(), &error)
-            try engine.check(status, &error)
-            return collector.values
+            // The engine calls back once per item; the visit is valid only during this call.
+            var failure: EngineFailure?
+            withoutActuallyEscaping(visit) { visit in
+                let visitor = Collector(visit)
+                let status = engine.functions.scan(handle, { context, item in
+                    let item = item!.pointee
+                    Unmanaged<Collector<(ScannedRecord) -> Void>>.fromOpaque(context!).takeUnretainedValue().values(
+                        ScannedRecord(
+                            key: UnsafeRawBufferPointer(start: item.key.data, count: item.key.length),
+                            payload: UnsafeRawBufferPointer(start: item.payload.data, count: item.payload.length),
+                            createdAt: item.created_at, updatedAt: item.updated_at))
+                    return 0
+                }, Unmanaged.passUnretained(visitor).toOpaque(), &error)
+                do throws(EngineFailure) {
+                    try engine.check(status, &error)
+                } catch {
+                    failure = error
+                }
+            }
+            if let failure { throw failure }
         }
     }
 
@@ -224,9 +236,9 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
 
     func allKeys() throws(EngineFailure) -> [[UInt8]] {
         try call { [engine] (handle, error) throws(EngineFailure) in
-            let collector = Collector<[UInt8]>([])
+            let collector = Collector<[[UInt8]]>([])
             let status = engine.functions.keys(handle, { context, key in
-                Unmanaged<Collector<[UInt8]>>.fromOpaque(context!).takeUnretainedValue().values.append(key.array)
+                Unmanaged<Collector<[[UInt8]]>>.fromOpaque(context!).takeUnretainedValue().values.append(key.array)
                 return 0
             }, Unmanaged.passUnretained(collector).toOpaque(), &error)
             try engine.check(status, &error)
@@ -254,10 +266,11 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
     }
 }
 
-/// Collects what an engine hands to a callback; lives only during one call on the store's queue.
+/// What an engine's callback reaches through its context pointer (collected values, or a visit); lives only
+/// during one call.
 private final class Collector<Value> {
-    var values: [Value]
-    init(_ values: [Value]) { self.values = values }
+    var values: Value
+    init(_ values: Value) { self.values = values }
 }
 
 extension sb_bytes {

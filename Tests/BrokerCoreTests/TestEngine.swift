@@ -111,7 +111,17 @@ final class TestEngineStore: EngineStore {
         records.withLock { records in keys.map { key in records.first { $0.key == key } } }
     }
 
-    func scanAll() throws(EngineFailure) -> [EngineRecord] { records.withLock { $0 } }
+    func scan(_ visit: (ScannedRecord) -> Void) throws(EngineFailure) {
+        for record in records.withLock({ $0 }) {
+            record.key.withUnsafeBytes { key in
+                var payload = record.payload
+                payload.withUnsafeReadableBytes { payload in
+                    visit(
+                        ScannedRecord(key: key, payload: payload, createdAt: record.createdAt, updatedAt: record.updatedAt))
+                }
+            }
+        }
+    }
     func count() throws(EngineFailure) -> UInt64 { UInt64(records.withLock { $0.count }) }
     func allKeys() throws(EngineFailure) -> [[UInt8]] { records.withLock { $0.map(\.key) } }
     func contains(_ key: [UInt8]) throws(EngineFailure) -> Bool { records.withLock { $0.contains { $0.key == key } } }
