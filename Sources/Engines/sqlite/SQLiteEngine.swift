@@ -112,6 +112,7 @@ final class SQLiteStore: EngineStoreImplementation {
     private let failure: FailureInjection
     private let put, remove, removeAll, setSequence, getOne, scanAll, countAll, keysAll, containsOne: Statement
     private let begin, commit, rollback: Statement
+    private let checkpointer: Checkpointer
 
     init(path: String, synchronous: String, busyTimeout: Int32, failure: FailureInjection) throws(EngineError) {
         var handle: OpaquePointer?
@@ -159,6 +160,8 @@ final class SQLiteStore: EngineStoreImplementation {
             begin = try Statement(db, "BEGIN IMMEDIATE")
             commit = try Statement(db, "COMMIT")
             rollback = try Statement(db, "ROLLBACK")
+            checkpointer = Checkpointer(path: path)
+            checkpointer.start(writer: db)
         } catch {
             sqlite3_close_v2(handle)
             throw error
@@ -251,6 +254,7 @@ final class SQLiteStore: EngineStoreImplementation {
     }
 
     func close() {
+        checkpointer.stop()
         // Statements are finalized by their deinit; close_v2 waits for that.
         sqlite3_close_v2(db)
     }
