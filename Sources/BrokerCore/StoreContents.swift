@@ -2,42 +2,116 @@ import NIOCore
 import OrderedStorage
 import StoreModel
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The committed items of one store, in store order, as the broker holds them in memory.
 ///
 /// Only the store's writer changes it, and only by replaying the steps of a commit the engine has already made
 /// durable (`apply(_:)`), the same steps every subscriber receives, so memory, engine and subscribers cannot
 /// disagree.
+///
+/// An item is one allocation, exactly as long as its id's UTF-8 followed by its payload (`Payload.init(owning:
+/// prefix:)`): the planner builds it so once, its events and history share it, and memory keeps it without a
+/// `String` per id. A record read back gets its payload as a view of that storage (no copy) and its id as a new
+/// `String` (ids of up to 15 bytes need no allocation).
 public struct StoreContents: Sendable {
-    /// A record without its id (the table's key holds that): 16 bytes less per item.
-    private struct Stored: Sendable {
-        var createdAt: UInt64
-        var updatedAt: UInt64
-        var payload: Payload
+    /// An item's bytes (id then payload), the table's key: hashed and compared by the id's bytes, exactly as
+    /// `ItemID` is, so an `ItemID` finds it.
+    private struct StoredItem: TableKey, @unchecked Sendable {  // ByteBuffer storage is never mutated once built
+        var bytes: ByteBuffer
+        var idLength: Int
 
-        init(createdAt: UInt64, updatedAt: UInt64, payload: Payload) {
-            self.createdAt = createdAt
-            self.updatedAt = updatedAt
-            self.payload = payload
+        var tableHash: Int {
+            var hasher = Hasher()
+            bytes.withUnsafeReadableBytes { hasher.combine(bytes: UnsafeRawBufferPointer(rebasing: $0[..<idLength])) }
+            return hasher.finalize()
         }
 
+        static func == (lhs: StoredItem, rhs: StoredItem) -> Bool { rhs.hasID(lhs) }
+
+        func hash(into hasher: inout Hasher) { hasher.combine(tableHash) }
+
+        func hasID(_ other: StoredItem) -> Bool {
+            other.bytes.withUnsafeReadableBytes { hasID(UnsafeRawBufferPointer(rebasing: $0[..<other.idLength])) }
+        }
+
+        func hasID(_ id: ItemID) -> Bool {
+            id.string.utf8.withContiguousStorageIfAvailable { hasID(UnsafeRawBufferPointer($0)) }
+                ?? Array(id.string.utf8).withUnsafeBytes { hasID($0) }
+        }
+
+        private func hasID(_ id: UnsafeRawBufferPointer) -> Bool {
+            guard id.count == idLength else { return false }
+            return bytes.withUnsafeReadableBytes { mine in
+                idLength == 0 || memcmp(mine.baseAddress!, id.baseAddress!, idLength) == 0
+            }
+        }
+
+        var id: ItemID {
+            ItemID(bytes.withUnsafeReadableBytes { String(decoding: $0[..<idLength], as: UTF8.self) })
+        }
+
+        var payload: Payload {
+            var view = bytes
+            view.moveReaderIndex(forwardBy: idLength)
+            return Payload(view)
+        }
+
+        /// The record's payload storage when the planner made it with the id in front (`Payload(owning:prefix:)`),
+        /// else a copy made so.
         init(_ record: ItemRecord) {
-            createdAt = record.createdAt
-            updatedAt = record.updatedAt
-            payload = record.payload
+            var text = record.id.string
+            let made = text.withUTF8 { id -> (ByteBuffer, Int)? in
+                var payload = record.payload.bytes
+                guard payload.readerIndex == id.count else { return nil }
+                payload.moveReaderIndex(to: 0)
+                let matches = payload.withUnsafeReadableBytes { all in
+                    id.count == 0 || memcmp(all.baseAddress!, id.baseAddress!, id.count) == 0
+                }
+                return matches ? (payload, id.count) : nil
+            }
+            if let (bytes, length) = made {
+                self.bytes = bytes
+                self.idLength = length
+            } else {
+                let payload = text.withUTF8 { id in
+                    record.payload.bytes.withUnsafeReadableBytes {
+                        Payload(owning: $0, prefix: UnsafeRawBufferPointer(id))
+                    }
+                }
+                var bytes = payload.bytes
+                self.idLength = bytes.readerIndex
+                bytes.moveReaderIndex(to: 0)
+                self.bytes = bytes
+            }
         }
 
-        func record(_ id: ItemID) -> ItemRecord {
-            ItemRecord(id: id, createdAt: createdAt, updatedAt: updatedAt, payload: payload)
+        init(id: UnsafeRawBufferPointer, payload: UnsafeRawBufferPointer) {
+            var bytes = Payload(owning: payload, prefix: id).bytes
+            bytes.moveReaderIndex(to: 0)
+            self.bytes = bytes
+            self.idLength = id.count
+        }
+
+        func record(createdAt: UInt64, updatedAt: UInt64, id: ItemID? = nil) -> ItemRecord {
+            ItemRecord(id: id ?? self.id, createdAt: createdAt, updatedAt: updatedAt, payload: payload)
         }
     }
 
-    private var table = OrderedTable<ItemID, Stored>()
+    private struct Stamps: Sendable {
+        var createdAt: UInt64
+        var updatedAt: UInt64
+    }
+
+    private var table = OrderedTable<StoredItem, Stamps>()
 
     public init() {}
 
     public init(records: [ItemRecord]) {
         table.reserveCapacity(records.count)
-        for record in records { table.put(record.id, Stored(record)) }
+        apply([.insert(records: records)])
     }
 
     public var count: Int { table.count }
@@ -47,45 +121,48 @@ public struct StoreContents: Sendable {
         table.reserveCapacity(min(count, 1 << 28))
     }
 
-    /// Adds a record an engine hands out while the store loads: the id and the payload in storage of their own,
-    /// sized to them.
+    /// Adds a record an engine hands out while the store loads, copied into storage of its own.
     mutating func load(_ scanned: ScannedRecord) {
-        var payload = ByteBufferAllocator().buffer(capacity: scanned.payload.count)
-        payload.writeBytes(scanned.payload)
-        let id = ItemID(String(decoding: scanned.key, as: UTF8.self))
-        table.put(id, Stored(createdAt: scanned.createdAt, updatedAt: scanned.updatedAt, payload: Payload(payload)))
+        table.put(
+            StoredItem(id: scanned.key, payload: scanned.payload),
+            Stamps(createdAt: scanned.createdAt, updatedAt: scanned.updatedAt))
     }
 
-    public func record(_ id: ItemID) -> ItemRecord? { table.value(for: id)?.record(id) }
+    public func record(_ id: ItemID) -> ItemRecord? {
+        guard let (item, stamps) = table.entry(hash: id.tableHash, matching: { $0.hasID(id) }) else { return nil }
+        return item.record(createdAt: stamps.createdAt, updatedAt: stamps.updatedAt, id: id)
+    }
 
-    public func contains(_ id: ItemID) -> Bool { table.contains(id) }
+    public func contains(_ id: ItemID) -> Bool {
+        table.entry(hash: id.tableHash, matching: { $0.hasID(id) }) != nil
+    }
 
     /// Every record, in store order.
-    public var records: [ItemRecord] { collect(after: nil, limit: 0) { $1.record($0) } ?? [] }
+    public var records: [ItemRecord] { collect(after: nil, limit: 0) { $0.record(createdAt: $1.createdAt, updatedAt: $1.updatedAt) } ?? [] }
 
     /// Every id, in store order.
-    public var ids: [ItemID] { collect(after: nil, limit: 0) { id, _ in id } ?? [] }
+    public var ids: [ItemID] { collect(after: nil, limit: 0) { item, _ in item.id } ?? [] }
 
     /// Up to `limit` records (0: no limit) after `cursor` (or from the start), in store order; `nil` when the
     /// cursor's id is not in the store.
     public func records(after cursor: ItemID?, limit: Int) -> [ItemRecord]? {
-        collect(after: cursor, limit: limit) { $1.record($0) }
+        collect(after: cursor, limit: limit) { $0.record(createdAt: $1.createdAt, updatedAt: $1.updatedAt) }
     }
 
     /// Like `records(after:limit:)`, ids only.
     public func ids(after cursor: ItemID?, limit: Int) -> [ItemID]? {
-        collect(after: cursor, limit: limit) { id, _ in id }
+        collect(after: cursor, limit: limit) { item, _ in item.id }
     }
 
-    private func collect<T>(after cursor: ItemID?, limit: Int, _ transform: (ItemID, Stored) -> T) -> [T]? {
+    private func collect<T>(after cursor: ItemID?, limit: Int, _ transform: (StoredItem, Stamps) -> T) -> [T]? {
         var out: [T] = []
         out.reserveCapacity(limit == 0 ? table.count : min(limit, table.count))
-        let visit: (ItemID, Stored) -> Bool = { id, record in
-            out.append(transform(id, record))
+        let visit: (StoredItem, Stamps) -> Bool = { item, stamps in
+            out.append(transform(item, stamps))
             return limit == 0 || out.count < limit
         }
         if let cursor {
-            guard table.forEach(after: cursor, visit) else { return nil }
+            guard table.forEach(afterHash: cursor.tableHash, matching: { $0.hasID(cursor) }, visit) else { return nil }
         } else {
             table.forEach(visit)
         }
@@ -97,13 +174,15 @@ public struct StoreContents: Sendable {
         for step in steps {
             switch step {
             case .insert(let records):
-                for record in records { table.put(record.id, Stored(record)) }
+                for record in records {
+                    table.put(StoredItem(record), Stamps(createdAt: record.createdAt, updatedAt: record.updatedAt))
+                }
             case .remove(let ids):
                 if ids.count == table.count, ids.count > 64 {
                     // A removeAll: cheaper to start over than to remove one by one.
                     table.removeAll()
                 } else {
-                    for id in ids { table.remove(id) }
+                    for id in ids { table.remove(hash: id.tableHash, matching: { $0.hasID(id) }) }
                 }
             }
         }

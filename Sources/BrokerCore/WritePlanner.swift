@@ -90,18 +90,17 @@ struct WritePlanner {
         var positions: [ItemID: Int] = [:]
         if items.count > 1 { positions.reserveCapacity(items.count) }
         for item in items {
-            // The record outlives the request (memory, history): its payload owns its bytes.
             if items.count > 1, let earlier = positions.updateValue(records.count, forKey: item.id) {
                 positions[item.id] = earlier
-                records[earlier].payload = item.payload.owned
+                records[earlier].payload = Self.kept(item)
                 continue
             }
             if let existing = current(item.id) {
                 records.append(
-                    ItemRecord(id: item.id, createdAt: existing.createdAt, updatedAt: now, payload: item.payload.owned))
+                    ItemRecord(id: item.id, createdAt: existing.createdAt, updatedAt: now, payload: Self.kept(item)))
                 fresh.append(false)
             } else {
-                records.append(ItemRecord(id: item.id, createdAt: now, updatedAt: now, payload: item.payload.owned))
+                records.append(ItemRecord(id: item.id, createdAt: now, updatedAt: now, payload: Self.kept(item)))
                 fresh.append(true)
             }
         }
@@ -125,6 +124,16 @@ struct WritePlanner {
             }
         }
         append(.insert(records: records), to: &planned)
+    }
+
+    /// The payload of a record: it outlives the request (memory, history), so it owns its bytes, in one
+    /// allocation with the id's bytes in front, as memory keeps an item (`StoreContents`).
+    private static func kept(_ item: Item) -> Payload {
+        item.payload.bytes.withUnsafeReadableBytes { payload in
+            item.id.string.utf8.withContiguousStorageIfAvailable {
+                Payload(owning: payload, prefix: UnsafeRawBufferPointer($0))
+            } ?? Array(item.id.string.utf8).withUnsafeBytes { Payload(owning: payload, prefix: $0) }
+        }
     }
 
     private mutating func remove(_ ids: [ItemID], into planned: inout PlannedWrite) {

@@ -75,6 +75,39 @@ public struct OrderedTable<Key: TableKey, Value> {
     @inlinable
     public func contains(_ key: Key) -> Bool { find(key, hash: key.tableHash).found != nil }
 
+    // Lookups by something other than a key (the broker's memory keeps an id's bytes inside its record and looks
+    // them up by `ItemID`): `hash` must be the `tableHash` the matching key has.
+
+    /// The pair whose key has `hash` and is accepted by `matches`.
+    @inlinable
+    public func entry(hash: Int, matching matches: (Key) -> Bool) -> (key: Key, value: Value)? {
+        guard let bucket = find(hash: hash, matching: matches).found else { return nil }
+        return slots[Self.slot(buckets[bucket])]
+    }
+
+    /// Removes the pair whose key has `hash` and is accepted by `matches`; returns it.
+    @discardableResult
+    @inlinable
+    public mutating func remove(hash: Int, matching matches: (Key) -> Bool) -> (key: Key, value: Value)? {
+        guard let bucket = find(hash: hash, matching: matches).found else { return nil }
+        return removeEntry(at: bucket)
+    }
+
+    /// The pairs after the key with `hash` accepted by `matches`, in order, until `body` returns `false`;
+    /// `false` if there is no such key.
+    @discardableResult
+    @inlinable
+    public func forEach(
+        afterHash hash: Int, matching matches: (Key) -> Bool, _ body: (_ key: Key, _ value: Value) throws -> Bool
+    ) rethrows -> Bool {
+        guard let bucket = find(hash: hash, matching: matches).found else { return false }
+        for slot in slots[(Self.slot(buckets[bucket]) + 1)...] {
+            guard let slot else { continue }
+            if try !body(slot.key, slot.value) { break }
+        }
+        return true
+    }
+
     /// Every pair, in order, until `body` returns `false`.
     @inlinable
     public func forEach(_ body: (_ key: Key, _ value: Value) throws -> Bool) rethrows {
@@ -127,6 +160,11 @@ public struct OrderedTable<Key: TableKey, Value> {
     @inlinable
     public mutating func remove(_ key: Key) -> Value? {
         guard let bucket = find(key, hash: key.tableHash).found else { return nil }
+        return removeEntry(at: bucket).value
+    }
+
+    @inlinable
+    mutating func removeEntry(at bucket: Int) -> (key: Key, value: Value) {
         let position = Self.slot(buckets[bucket])
         let old = slots[position]!
         deleteBucket(bucket)
@@ -137,7 +175,7 @@ public struct OrderedTable<Key: TableKey, Value> {
         } else {
             undo!.append(.restore(slot: position, entry: old))
         }
-        return old.value
+        return old
     }
 
     @inlinable
@@ -214,6 +252,12 @@ public struct OrderedTable<Key: TableKey, Value> {
     /// The bucket holding `key`, or else the empty bucket where it would go.
     @inlinable
     func find(_ key: Key, hash: Int) -> (found: Int?, empty: Int) {
+        find(hash: hash) { $0 == key }
+    }
+
+    /// The bucket holding the key `matches` accepts among those with this hash.
+    @inlinable
+    func find(hash: Int, matching matches: (Key) -> Bool) -> (found: Int?, empty: Int) {
         guard !buckets.isEmpty else { return (nil, 0) }
         let mask = buckets.count - 1
         let tag = UInt64(truncatingIfNeeded: UInt32(truncatingIfNeeded: hash))
@@ -222,7 +266,7 @@ public struct OrderedTable<Key: TableKey, Value> {
             while true {
                 let bucket = buckets[index]
                 if bucket == 0 { return (nil, index) }
-                if bucket >> 32 == tag, slots[Self.slot(bucket)]!.key == key { return (index, index) }
+                if bucket >> 32 == tag, matches(slots[Self.slot(bucket)]!.key) { return (index, index) }
                 index = (index + 1) & mask
             }
         }

@@ -1,4 +1,4 @@
-import NIOCore
+@_spi(CustomByteBufferAllocator) import NIOCore
 import OrderedStorage
 
 #if canImport(Glibc)
@@ -83,10 +83,27 @@ public struct Payload: Hashable, Sendable, Codable, CustomStringConvertible {
     /// The same bytes in storage of their own, sized to them. A payload decoded from a frame is a slice of the
     /// connection's receive buffer and keeps all of it alive; whatever is kept beyond the request (a store's
     /// items, its history, a value) must be this copy.
+    ///
+    /// The storage is exactly as long as the bytes: `ByteBufferAllocator.buffer(capacity:)` rounds up to a power
+    /// of two (a 200-byte payload would take 256 bytes, a 600-byte one 1,024), and a store keeps every payload.
     public var owned: Payload {
-        var copy = ByteBufferAllocator().buffer(capacity: bytes.readableBytes)
-        copy.writeImmutableBuffer(bytes)
-        return Payload(copy)
+        bytes.withUnsafeReadableBytes { Payload(owning: $0) }
+    }
+
+    /// A copy of `bytes` in storage of its own, exactly as long; with a `prefix`, the storage holds those bytes
+    /// first, before the payload's reader index (the broker's memory keeps an item's id there: one allocation
+    /// per item).
+    public init(owning bytes: UnsafeRawBufferPointer, prefix: UnsafeRawBufferPointer = .init(start: nil, count: 0)) {
+        let total = prefix.count + bytes.count
+        guard total > 0 else {
+            self.init(ByteBuffer())
+            return
+        }
+        let storage = UnsafeMutableRawBufferPointer(start: malloc(total)!, count: total)
+        if prefix.count > 0 { storage.copyMemory(from: prefix) }
+        if bytes.count > 0 { UnsafeMutableRawBufferPointer(rebasing: storage[prefix.count...]).copyMemory(from: bytes) }
+        // The default allocator frees with free(), which matches the malloc above.
+        self.init(ByteBuffer(takingOwnershipOf: storage, allocator: ByteBufferAllocator(), readerIndex: prefix.count))
     }
 
     public var description: String { "\(count) bytes" }

@@ -4,99 +4,108 @@ import CSQLite
 import Glibc
 #endif
 
-/// Copies a store's write-ahead log back into its database on a thread of its own, so that commits never wait
-/// for a checkpoint.
+/// Copies stores' write-ahead logs back into their databases on one thread of the engine's own, so that commits
+/// never wait for a checkpoint.
 ///
 /// SQLite's automatic checkpoint runs inside the commit that takes the log past 1,000 pages: that commit pays
 /// for copying the pages and for the database's fsync, several milliseconds in which every write behind it
-/// waits (the fan-out benchmark's p99: 2.8 ms against 0.4 ms for the memory engine). Here the commit's log hook
-/// only signals this thread, which runs a PASSIVE checkpoint (it never blocks the writer) on a connection of its
-/// own. Should the log still reach `inlineLimit` pages (the thread cannot keep up), the commit checkpoints itself,
-/// as SQLite would, so the log stays bounded.
-final class Checkpointer {
+/// waits (the fan-out benchmark's p99: 2.8 ms against 0.4 ms for the memory engine). Here a store's log hook
+/// only queues the store; the thread opens a connection of its own, runs a PASSIVE checkpoint (which never
+/// blocks the writer) and closes it again, so an idle store holds no second connection, no descriptors and no
+/// thread. Should a log still reach `inlineLimit` pages (the thread cannot keep up), the commit checkpoints
+/// itself, as SQLite would, so the log stays bounded.
+final class Checkpointer: @unchecked Sendable {  // all state under `mutex`
+    static let shared = Checkpointer()
     static let backgroundPages: Int32 = 1000
-    static let inlineLimit: Int32 = 20_000
+    static let inlineLimit: Int32 = 4000
 
-    private let path: String
+    /// What a store's log hook reaches through its context pointer.
+    final class Target {
+        let path: String
+        init(path: String) { self.path = path }
+    }
+
     private var mutex = pthread_mutex_t()
     private var condition = pthread_cond_t()
-    private var wanted = false
-    private var stopping = false
-    private var thread: pthread_t?
+    private var queue: [String] = []
+    private var running: String?
+    private var started = false
 
-    init(path: String) {
-        self.path = path
+    private init() {
         pthread_mutex_init(&mutex, nil)
         pthread_cond_init(&condition, nil)
     }
 
-    deinit {
-        pthread_cond_destroy(&condition)
-        pthread_mutex_destroy(&mutex)
-    }
-
-    /// Installs the log hook on the writer's connection and starts the thread.
-    func start(writer db: OpaquePointer) {
+    /// Installs the log hook on a store's connection; `target` must outlive the connection.
+    static func watch(_ db: OpaquePointer, _ target: Target) {
         sqlite3_wal_hook(db, { context, db, _, pages in
-            let checkpointer = Unmanaged<Checkpointer>.fromOpaque(context!).takeUnretainedValue()
             if pages >= Checkpointer.inlineLimit {
                 sqlite3_wal_checkpoint_v2(db, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
             } else if pages >= Checkpointer.backgroundPages {
-                checkpointer.signal()
+                let target = Unmanaged<Target>.fromOpaque(context!).takeUnretainedValue()
+                if !Checkpointer.shared.request(target.path) {
+                    // No thread: the commit checkpoints itself, as SQLite's automatic checkpoint does.
+                    sqlite3_wal_checkpoint_v2(db, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
+                }
             }
             return SQLITE_OK
-        }, Unmanaged.passUnretained(self).toOpaque())
-        var thread = pthread_t()
-        let box = Unmanaged.passRetained(self).toOpaque()
-        guard pthread_create(&thread, nil, { box in
-            let checkpointer = Unmanaged<Checkpointer>.fromOpaque(box!).takeRetainedValue()
-            checkpointer.run()
-            return nil
-        }, box) == 0 else {
-            Unmanaged<Checkpointer>.fromOpaque(box).release()
-            // No thread: the commits checkpoint themselves, as SQLite's own automatic checkpoint does.
-            sqlite3_wal_autocheckpoint(db, Checkpointer.backgroundPages)
-            return
+        }, Unmanaged.passUnretained(target).toOpaque())
+    }
+
+    /// Queues a checkpoint of `path` (once, however often asked); `false` when no thread could be started.
+    func request(_ path: String) -> Bool {
+        pthread_mutex_lock(&mutex)
+        defer { pthread_mutex_unlock(&mutex) }
+        if !started {
+            var thread = pthread_t()
+            guard pthread_create(&thread, nil, { _ in
+                Checkpointer.shared.run()
+                return nil
+            }, nil) == 0 else { return false }
+            pthread_detach(thread)
+            started = true
         }
-        self.thread = thread
+        if !queue.contains(path) {
+            queue.append(path)
+            pthread_cond_broadcast(&condition)
+        }
+        return true
     }
 
-    /// Stops the thread (after the checkpoint it may be running) and waits for it.
-    func stop() {
+    /// Before a store closes (and perhaps is dropped): forgets its queued checkpoint and waits for one running.
+    func forget(_ path: String) {
         pthread_mutex_lock(&mutex)
-        stopping = true
-        pthread_cond_signal(&condition)
-        pthread_mutex_unlock(&mutex)
-        if let thread { pthread_join(thread, nil) }
-        thread = nil
-    }
-
-    private func signal() {
-        pthread_mutex_lock(&mutex)
-        wanted = true
-        pthread_cond_signal(&condition)
+        queue.removeAll { $0 == path }
+        while running == path { pthread_cond_wait(&condition, &mutex) }
         pthread_mutex_unlock(&mutex)
     }
 
     private func run() {
+        while true {
+            pthread_mutex_lock(&mutex)
+            while queue.isEmpty { pthread_cond_wait(&condition, &mutex) }
+            let path = queue.removeFirst()
+            running = path
+            pthread_mutex_unlock(&mutex)
+
+            Self.checkpoint(path)
+
+            pthread_mutex_lock(&mutex)
+            running = nil
+            pthread_cond_broadcast(&condition)
+            pthread_mutex_unlock(&mutex)
+        }
+    }
+
+    private static func checkpoint(_ path: String) {
         var db: OpaquePointer?
-        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX
-        guard sqlite3_open_v2(path, &db, flags, nil) == SQLITE_OK, let db else {
-            sqlite3_close_v2(db)
+        defer { sqlite3_close_v2(db) }
+        guard sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nil) == SQLITE_OK, let db else {
             return
         }
-        defer { sqlite3_close_v2(db) }
         // A connection learns the database is in WAL mode when it first reads it; until then a checkpoint
         // through it does nothing.
         sqlite3_exec(db, "PRAGMA journal_mode=WAL", nil, nil, nil)
-        while true {
-            pthread_mutex_lock(&mutex)
-            while !wanted, !stopping { pthread_cond_wait(&condition, &mutex) }
-            let stop = stopping
-            wanted = false
-            pthread_mutex_unlock(&mutex)
-            if stop { return }
-            sqlite3_wal_checkpoint_v2(db, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
-        }
+        sqlite3_wal_checkpoint_v2(db, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
     }
 }

@@ -112,7 +112,7 @@ final class SQLiteStore: EngineStoreImplementation {
     private let failure: FailureInjection
     private let put, remove, removeAll, setSequence, getOne, scanAll, countAll, keysAll, containsOne: Statement
     private let begin, commit, rollback: Statement
-    private let checkpointer: Checkpointer
+    private let checkpoints: Checkpointer.Target
 
     init(path: String, synchronous: String, busyTimeout: Int32, failure: FailureInjection) throws(EngineError) {
         var handle: OpaquePointer?
@@ -160,8 +160,8 @@ final class SQLiteStore: EngineStoreImplementation {
             begin = try Statement(db, "BEGIN IMMEDIATE")
             commit = try Statement(db, "COMMIT")
             rollback = try Statement(db, "ROLLBACK")
-            checkpointer = Checkpointer(path: path)
-            checkpointer.start(writer: db)
+            checkpoints = Checkpointer.Target(path: path)
+            Checkpointer.watch(db, checkpoints)
         } catch {
             sqlite3_close_v2(handle)
             throw error
@@ -254,7 +254,7 @@ final class SQLiteStore: EngineStoreImplementation {
     }
 
     func close() {
-        checkpointer.stop()
+        Checkpointer.shared.forget(checkpoints.path)
         // Statements are finalized by their deinit; close_v2 waits for that.
         sqlite3_close_v2(db)
     }
