@@ -1,0 +1,49 @@
+import BrokerCore
+import NIOCore
+import StoreModel
+import Testing
+
+/// Memory keeps an item as one allocation (the id's bytes, then the payload): records read back are the ones
+/// written, whether or not their payload came with the id in front.
+@Suite struct StoreContentsTests {
+    private func record(_ id: String, _ payload: String, prefixed: Bool) -> ItemRecord {
+        let bytes = ByteBuffer(string: payload)
+        let stored =
+            prefixed
+            ? bytes.withUnsafeReadableBytes { body in
+                Array(id.utf8).withUnsafeBytes { Payload(owning: body, prefix: $0) }
+            } : Payload(bytes)
+        return ItemRecord(id: ItemID(id), createdAt: 1, updatedAt: 2, payload: stored)
+    }
+
+    @Test(arguments: [false, true])
+    func recordsComeBackAsWritten(prefixed: Bool) {
+        let ids = ["a", "é", "e\u{301}", "a-much-longer-id-than-fifteen-bytes", "b"]
+        var contents = StoreContents()
+        contents.apply([.insert(records: ids.enumerated().map { record($1, "payload \($0)", prefixed: prefixed) })])
+        #expect(contents.count == 5)
+        #expect(contents.records.map(\.id.string) == ids)
+        #expect(contents.records.map { String(buffer: $0.payload.bytes) } == (0..<5).map { "payload \($0)" })
+        // "é" and "e" + U+0301 are different ids: bytes, not canonical equivalence.
+        #expect(contents.record("é").map { String(buffer: $0.payload.bytes) } == "payload 1")
+        #expect(contents.record("e\u{301}").map { String(buffer: $0.payload.bytes) } == "payload 2")
+        #expect(contents.record("missing") == nil)
+        #expect(contents.records(after: "é", limit: 2)?.map(\.id.string) == ["e\u{301}", "a-much-longer-id-than-fifteen-bytes"])
+        #expect(contents.ids(after: "zz", limit: 0) == nil)
+
+        contents.apply([.insert(records: [record("a", "replaced", prefixed: prefixed)]), .remove(ids: ["é", "zz"])])
+        #expect(contents.ids.map(\.string) == ["a", "e\u{301}", "a-much-longer-id-than-fifteen-bytes", "b"])
+        #expect(contents.record("a").map { String(buffer: $0.payload.bytes) } == "replaced")
+        #expect(!contents.contains("é") && contents.contains("b"))
+    }
+
+    @Test func aPayloadBuiltWithItsIDInFrontIsKeptWithoutACopy() {
+        let written = record("shared-storage-id-0001", "the payload", prefixed: true)
+        var contents = StoreContents()
+        contents.apply([.insert(records: [written])])
+        let read = contents.record("shared-storage-id-0001")!
+        let address = { (payload: Payload) in payload.bytes.withUnsafeReadableBytes { $0.baseAddress } }
+        #expect(address(read.payload) == address(written.payload))
+        #expect(read == written)
+    }
+}
