@@ -165,14 +165,16 @@ final class ConnectionHandler: ChannelDuplexHandler {
             if !writes.isEmpty {
                 // A write refused at once (an interceptor) or committed on this loop answers here, into
                 // `answeredHere`: go round again.
+                // The arrays are handed on and begun again at the size they reached: a pipelined connection
+                // does not regrow them from one element every read cycle.
                 let batch = writes
-                writes = []
+                writes.removeAll(keepingCapacity: true)
                 broker.handle(batch, context: requestContext)
                 continue
             }
             if !answeredHere.isEmpty {
                 let answers = answeredHere
-                answeredHere = []
+                answeredHere.removeAll(keepingCapacity: true)
                 event { $0.answered(answers, io: $1) }
                 continue
             }

@@ -318,11 +318,12 @@ struct ConnectionStateMachine {
     private mutating func begin(_ io: IOState) {
         self.io = io
         emitted = 0
-        actions = []
+        actions.removeAll(keepingCapacity: true)
     }
 
     private mutating func end() -> [Action] {
-        defer { actions = [] }
+        // Begun again at the size this turn reached, not regrown from one element.
+        defer { actions.removeAll(keepingCapacity: true) }
         return actions
     }
 
