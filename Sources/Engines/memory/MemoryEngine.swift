@@ -2,6 +2,10 @@ import CStorageEngine
 import OrderedStorage
 import StorageEngineKit
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 // The memory engine: stores live in the process only and start empty on every open. For tests and
 // previews. Atomic (apply rolls back through the table's undo log), not persistent.
 
@@ -25,14 +29,62 @@ final class MemoryEngine: EngineDefinition {
     func drop(directory: String, store: String, options: [String: String]) throws(EngineError) {}
 }
 
-struct Entry {
-    var payload: [UInt8]
+/// One item: its key's bytes then its payload's, in one array (one allocation per item), hashed and compared by
+/// the key alone, so the table finds an item by the key bytes a call hands in.
+struct Entry: TableKey {
+    var bytes: [UInt8]
+    var keyLength: Int
+
+    init(key: sb_bytes, payload: sb_bytes) {
+        keyLength = key.length
+        bytes = []
+        bytes.reserveCapacity(key.length + payload.length)
+        if let data = key.data { bytes.append(contentsOf: UnsafeBufferPointer(start: data, count: key.length)) }
+        if let data = payload.data { bytes.append(contentsOf: UnsafeBufferPointer(start: data, count: payload.length)) }
+    }
+
+    static func hash(_ key: UnsafeRawBufferPointer) -> Int {
+        var hasher = Hasher()
+        hasher.combine(bytes: key)
+        return hasher.finalize()
+    }
+
+    var tableHash: Int { bytes.withUnsafeBytes { Self.hash(UnsafeRawBufferPointer(rebasing: $0[..<keyLength])) } }
+
+    func hash(into hasher: inout Hasher) { hasher.combine(tableHash) }
+
+    static func == (lhs: Entry, rhs: Entry) -> Bool {
+        rhs.bytes.withUnsafeBytes { lhs.hasKey(UnsafeRawBufferPointer(rebasing: $0[..<rhs.keyLength])) }
+    }
+
+    func hasKey(_ key: UnsafeRawBufferPointer) -> Bool {
+        guard key.count == keyLength else { return false }
+        return bytes.withUnsafeBytes { mine in keyLength == 0 || memcmp(mine.baseAddress!, key.baseAddress!, keyLength) == 0 }
+    }
+
+    /// Calls `body` with an `sb_item` pointing into the entry.
+    func withItem<R>(_ stamps: Stamps, _ body: (UnsafePointer<sb_item>) -> R) -> R {
+        bytes.withUnsafeBufferPointer { all in
+            var item = sb_item(
+                key: sb_bytes(data: all.baseAddress, length: keyLength),
+                payload: sb_bytes(data: all.baseAddress.map { $0 + keyLength }, length: all.count - keyLength),
+                created_at: stamps.createdAt, updated_at: stamps.updatedAt)
+            return withUnsafePointer(to: &item, body)
+        }
+    }
+}
+
+struct Stamps {
     var createdAt: UInt64
     var updatedAt: UInt64
 }
 
+extension sb_bytes {
+    var raw: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: data, count: length) }
+}
+
 final class MemoryStore: EngineStoreImplementation {
-    private var table = OrderedTable<[UInt8], Entry>()
+    private var table = OrderedTable<Entry, Stamps>()
     private var sequence: UInt64 = 0
     private let failure: FailureInjection
 
@@ -48,9 +100,11 @@ final class MemoryStore: EngineStoreImplementation {
                 switch Int(step.kind) {
                 case SB_STEP_PUT:
                     table.put(
-                        step.key.bytes,
-                        Entry(payload: step.payload.bytes, createdAt: step.created_at, updatedAt: step.updated_at))
-                case SB_STEP_REMOVE: table.remove(step.key.bytes)
+                        Entry(key: step.key, payload: step.payload),
+                        Stamps(createdAt: step.created_at, updatedAt: step.updated_at))
+                case SB_STEP_REMOVE:
+                    let key = step.key.raw
+                    table.remove(hash: Entry.hash(key), matching: { $0.hasKey(key) })
                 case SB_STEP_REMOVE_ALL: table.removeAll()
                 default: throw EngineError.invalid("unknown step kind \(step.kind)")
                 }
@@ -65,12 +119,10 @@ final class MemoryStore: EngineStoreImplementation {
 
     func get(_ keys: UnsafeBufferPointer<sb_bytes>, emit: (Int, UnsafePointer<sb_item>?) -> Bool) throws(EngineError) {
         for (index, key) in keys.enumerated() {
-            let bytes = key.bytes
+            let bytes = key.raw
             let keepGoing =
-                if let entry = table.value(for: bytes) {
-                    withItem(key: bytes, payload: entry.payload, createdAt: entry.createdAt, updatedAt: entry.updatedAt) {
-                        emit(index, $0)
-                    }
+                if let (entry, stamps) = table.entry(hash: Entry.hash(bytes), matching: { $0.hasKey(bytes) }) {
+                    entry.withItem(stamps) { emit(index, $0) }
                 } else {
                     emit(index, nil)
                 }
@@ -79,16 +131,29 @@ final class MemoryStore: EngineStoreImplementation {
     }
 
     func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) {
-        try table.visit { key, entry in
-            withItem(key: key, payload: entry.payload, createdAt: entry.createdAt, updatedAt: entry.updatedAt, emit)
+        var stopped = false
+        table.forEach { entry, stamps in
+            stopped = !entry.withItem(stamps, emit)
+            return !stopped
         }
+        if stopped { throw EngineError.stopped }
     }
 
     func count() throws(EngineError) -> UInt64 { UInt64(table.count) }
 
-    func keys(emit: (sb_bytes) -> Bool) throws(EngineError) { try table.emitKeys(emit) }
+    func keys(emit: (sb_bytes) -> Bool) throws(EngineError) {
+        var stopped = false
+        table.forEach { entry, stamps in
+            stopped = !entry.withItem(stamps) { emit($0.pointee.key) }
+            return !stopped
+        }
+        if stopped { throw EngineError.stopped }
+    }
 
-    func contains(_ key: sb_bytes) throws(EngineError) -> Bool { table.contains(key.bytes) }
+    func contains(_ key: sb_bytes) throws(EngineError) -> Bool {
+        let bytes = key.raw
+        return table.entry(hash: Entry.hash(bytes), matching: { $0.hasKey(bytes) }) != nil
+    }
 
     func close() {}
 }
