@@ -305,42 +305,41 @@ enum StepArena {
             case .removeAll: break
             }
         }
-        let arena = UnsafeMutableRawBufferPointer.allocate(byteCount: max(total, 1), alignment: 8)
-        defer { arena.deallocate() }
-        var offset = 0
+        // One allocation: the C steps, then the bytes they point at.
+        let stepBytes = steps.count * MemoryLayout<sb_step>.stride
+        let block = UnsafeMutableRawBufferPointer.allocate(
+            byteCount: max(stepBytes + total, 1), alignment: MemoryLayout<sb_step>.alignment)
+        defer { block.deallocate() }
+        let cSteps = block.baseAddress!.bindMemory(to: sb_step.self, capacity: steps.count)
+        var offset = stepBytes
         func place(_ bytes: UnsafeRawBufferPointer) -> sb_bytes {
             guard bytes.count > 0 else { return sb_bytes(data: nil, length: 0) }
-            let target = UnsafeMutableRawBufferPointer(rebasing: arena[offset..<(offset + bytes.count)])
+            let target = UnsafeMutableRawBufferPointer(rebasing: block[offset..<(offset + bytes.count)])
             target.copyMemory(from: bytes)
             offset += bytes.count
             return sb_bytes(data: target.baseAddress!.assumingMemoryBound(to: UInt8.self), length: bytes.count)
         }
-        var cSteps: [sb_step] = []
-        cSteps.reserveCapacity(steps.count)
-        for step in steps {
+        let none = sb_bytes(data: nil, length: 0)
+        for (index, step) in steps.enumerated() {
+            let cStep: sb_step
             switch step {
             case .put(let record):
                 let key = record.key.withUnsafeBytes(place)
                 let payload = record.payload.withUnsafeReadableBytes(place)
-                cSteps.append(
-                    sb_step(
-                        kind: UInt32(SB_STEP_PUT), reserved: 0, key: key, payload: payload,
-                        created_at: record.createdAt, updated_at: record.updatedAt))
+                cStep = sb_step(
+                    kind: UInt32(SB_STEP_PUT), reserved: 0, key: key, payload: payload, created_at: record.createdAt,
+                    updated_at: record.updatedAt)
             case .remove(let key):
-                cSteps.append(
-                    sb_step(
-                        kind: UInt32(SB_STEP_REMOVE), reserved: 0, key: key.withUnsafeBytes(place),
-                        payload: sb_bytes(data: nil, length: 0), created_at: 0, updated_at: 0))
+                cStep = sb_step(
+                    kind: UInt32(SB_STEP_REMOVE), reserved: 0, key: key.withUnsafeBytes(place), payload: none,
+                    created_at: 0, updated_at: 0)
             case .removeAll:
-                cSteps.append(
-                    sb_step(
-                        kind: UInt32(SB_STEP_REMOVE_ALL), reserved: 0, key: sb_bytes(data: nil, length: 0),
-                        payload: sb_bytes(data: nil, length: 0), created_at: 0, updated_at: 0))
+                cStep = sb_step(
+                    kind: UInt32(SB_STEP_REMOVE_ALL), reserved: 0, key: none, payload: none, created_at: 0, updated_at: 0)
             }
+            (cSteps + index).initialize(to: cStep)
         }
-        return try cSteps.withUnsafeBufferPointer { (buffer) throws(EngineFailure) in
-            try body(buffer.baseAddress, buffer.count)
-        }
+        return try body(steps.isEmpty ? nil : UnsafePointer(cSteps), steps.count)
     }
 
     static func withKeys<T>(_ keys: [[UInt8]], _ body: (UnsafePointer<sb_bytes>?, Int) throws(EngineFailure) -> T)

@@ -93,7 +93,9 @@ final class MemoryStore: EngineStoreImplementation {
     }
 
     func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence: UInt64) throws(EngineError) {
-        table.begin()
+        // One step either happens or throws before it changes anything: no undo log needed.
+        let logged = steps.count > 1
+        if logged { table.begin() }
         do throws(EngineError) {
             for (index, step) in steps.enumerated() {
                 try failure.check(stepIndex: index)
@@ -110,10 +112,10 @@ final class MemoryStore: EngineStoreImplementation {
                 }
             }
         } catch {
-            table.rollback()
+            if logged { table.rollback() }
             throw error
         }
-        table.commit()
+        if logged { table.commit() }
         self.sequence = sequence
     }
 
