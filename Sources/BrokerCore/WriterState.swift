@@ -67,9 +67,10 @@ extension Mutex where Value: WriterState {
 
     /// After a commit: the manifest records that the place has committed (once; tried again at the next commit
     /// if it could not be written), so that engine files lost later are noticed.
-    func recordFirstCommit(in place: EnginePlace) {
-        guard let manifest = withLock({ $0.manifest }), !manifest.committed,
-            let updated = place.recordCommitted(manifest)
+    func recordFirstCommit(in place: @autoclosure () -> EnginePlace) {
+        // Every commit asks; only the first finds work, so the others copy nothing and build no place.
+        guard let manifest = withLock({ state in state.manifest.flatMap { $0.committed ? nil : $0 } }),
+            let updated = place().recordCommitted(manifest)
         else { return }
         withLock { $0.manifest = updated }
     }

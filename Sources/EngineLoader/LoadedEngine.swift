@@ -307,9 +307,9 @@ enum StepArena {
         }
         // One allocation: the C steps, then the bytes they point at.
         let stepBytes = steps.count * MemoryLayout<sb_step>.stride
-        let block = UnsafeMutableRawBufferPointer.allocate(
-            byteCount: max(stepBytes + total, 1), alignment: MemoryLayout<sb_step>.alignment)
-        defer { block.deallocate() }
+        // malloc's alignment suits sb_step; Swift's aligned allocation goes through posix_memalign.
+        let block = UnsafeMutableRawBufferPointer(start: malloc(max(stepBytes + total, 1))!, count: stepBytes + total)
+        defer { free(block.baseAddress) }
         let cSteps = block.baseAddress!.bindMemory(to: sb_step.self, capacity: steps.count)
         var offset = stepBytes
         func place(_ bytes: UnsafeRawBufferPointer) -> sb_bytes {
