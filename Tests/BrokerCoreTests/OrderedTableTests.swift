@@ -39,18 +39,23 @@ private struct Clashing: TableKey {
 
     @Test("random puts, removes, removeAlls and rolled-back transactions agree with a plain model")
     func agreesWithModel() {
-        var generator = SplitMix(seed: 14)
+        // A fixed linear congruential sequence, so a failure repeats.
+        var state: UInt64 = 14
+        func next(_ bound: Int) -> Int {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return Int(state >> 33) % bound
+        }
         var table = OrderedTable<String, Int>()
         var model = Model()
         for round in 0..<400 {
             let transaction = round % 3 == 0
             let saved = model
             if transaction { table.begin() }
-            for _ in 0..<Int.random(in: 1...60, using: &generator) {
-                let key = Int.random(in: 0..<300, using: &generator)
-                switch Int.random(in: 0..<100, using: &generator) {
+            for _ in 0...next(60) {
+                let key = next(300)
+                switch next(100) {
                 case 0..<55:
-                    let value = Int.random(in: 0..<1_000_000, using: &generator)
+                    let value = next(1_000_000)
                     #expect(table.put(String(key), value) == model.put(key, value))
                 case 55..<99:
                     #expect(table.remove(String(key)) == model.remove(key))
@@ -99,18 +104,5 @@ private struct Clashing: TableKey {
         })
         #expect(after == [2, 9])
         #expect(!table.forEach(after: Array("z".utf8)) { _, _ in true })
-    }
-}
-
-/// A small deterministic generator, so a failure repeats.
-private struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
