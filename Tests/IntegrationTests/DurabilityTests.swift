@@ -40,8 +40,10 @@ extension Integration {
             }
         }
 
-        @Test(arguments: ["sqlite", "disk"])
-        func killDashNineLosesNoAcknowledgedWrite(engine: String) async throws {
+        /// The last case writes 1 KB items long enough that the sqlite engine's checkpoint thread is copying the
+        /// log into the database while the daemon is killed.
+        @Test(arguments: [("sqlite", 300, 16), ("disk", 300, 16), ("sqlite", 3000, 1024)])
+        func killDashNineLosesNoAcknowledgedWrite(engine: String, killAfter: Int, payloadBytes: Int) async throws {
             try await withTemporaryDirectory { directory in
                 let daemon = Daemon(in: directory, arguments: ["--engine", engine])
                 try await daemon.start()
@@ -55,13 +57,17 @@ extension Integration {
                             for n in 0..<100_000 {
                                 let id = "w\(writer)-\(n)"
                                 do {
+                                    let padding = String(repeating: "x", count: max(0, payloadBytes - 16))
                                     _ = try await connection.send(
-                                        .insert(.init(store: "s", items: [Item(id: ItemID(id), payload: Payload("{\"n\":\(n)}"))])))
+                                        .insert(
+                                            .init(
+                                                store: "s",
+                                                items: [Item(id: ItemID(id), payload: Payload("{\"n\":\(n),\"p\":\"\(padding)\"}"))])))
                                     done.append(id)
                                 } catch {
                                     return done
                                 }
-                                if writer == 0, n == 300 { kill(pid, SIGKILL) }
+                                if writer == 0, n == killAfter { kill(pid, SIGKILL) }
                             }
                             return done
                         }
@@ -71,7 +77,7 @@ extension Integration {
                     return all
                 }
                 await daemon.process?.wait()
-                #expect(acknowledged.count >= 300)
+                #expect(acknowledged.count >= killAfter)
                 try await daemon.start()
                 let stored = Set(try await daemon.storectl(["query", "s", "--meta"]).lines.map {
                     (try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any])["id"] as! String
