@@ -178,11 +178,40 @@ public enum ServerMessage: Hashable, Sendable {
 
     /// Writes the message with id `id` (request id, or subscription id for a push) as one frame, or as
     /// several of at most `maxFrameLength` bytes each if its type allows it and it needs them.
+    ///
+    /// Every answer and push goes through here: each case calls its own type's encoder, so no message is boxed
+    /// into an existential and no conformance is looked up at run time (a `body as? any SplittableMessage` cast
+    /// per answer was 7% of the daemon's time under pipelined pings).
     public func encode(id: UInt32, maxFrameLength: Int, into out: inout ByteBuffer) throws(WireError) {
-        if let splittable = body as? any SplittableMessage {
-            try splittable.encodeFrames(id: id, maxFrameLength: maxFrameLength, into: &out)
-        } else {
-            try body.encodeFrame(id: id, maxFrameLength: maxFrameLength, into: &out)
+        func one<M: WireMessage>(_ message: M) throws(WireError) {
+            try message.encodeFrame(id: id, maxFrameLength: maxFrameLength, into: &out)
+        }
+        func split<M: SplittableMessage>(_ message: M) throws(WireError) {
+            try message.encodeFrames(id: id, maxFrameLength: maxFrameLength, into: &out)
+        }
+        switch self {
+        case .welcome(let m): try one(m)
+        case .pong(let m): try one(m)
+        case .storeList(let m): try split(m)
+        case .engineList(let m): try split(m)
+        case .storeInfoResult(let m): try one(m)
+        case .writeResult(let m): try one(m)
+        case .itemsResult(let m): try split(m)
+        case .rangeResult(let m): try split(m)
+        case .countResult(let m): try one(m)
+        case .idList(let m): try split(m)
+        case .subscribed(let m): try one(m)
+        case .unsubscribed(let m): try one(m)
+        case .valueResult(let m): try one(m)
+        case .error(let m): try one(m)
+        case .storeLoaded(let m): try split(m)
+        case .storeEvent(let m): try split(m)
+        case .valueLoaded(let m): try one(m)
+        case .valueEvent(let m): try one(m)
+        case .lagged(let m): try one(m)
+        case .historyGone(let m): try one(m)
+        case .dropped(let m): try one(m)
+        case .goodbye(let m): try one(m)
         }
     }
 
