@@ -302,10 +302,12 @@ final class ManagedStore: Sendable {
     /// After a commit, outside the lock and in sequence order: each push goes to every subscriber (its
     /// encoding made once, shared), then the commits to the observers (D-Bus); subscribers that lagged or went
     /// away are forgotten.
-    private func broadcast(_ pushes: [(Push, Position)], to subscribers: [Subscription], commits: [Commit]) {
+    private func broadcast(
+        _ pushes: @autoclosure () -> [(Push, Position)], to subscribers: [Subscription], commits: [Commit]
+    ) {
         var ended: [ObjectIdentifier] = []
         if !subscribers.isEmpty {
-            for (push, position) in pushes {
+            for (push, position) in pushes() {
                 let shared = SharedPush(push)
                 for subscription in subscribers where !subscription.offer(shared, at: position) {
                     ended.append(ObjectIdentifier(subscription))
@@ -544,7 +546,10 @@ final class ManagedStore: Sendable {
 
     /// The open engine store, creating the store (directory, manifest, engine files) on its first commit.
     private func engineStore(_ engine: any StorageEngine, epoch: UInt64) throws(BrokerError) -> any EngineStore {
-        let (open, existing) = state.withLock { ($0.engineStore, $0.manifest) }
+        // Once open (every commit but the first), nothing else is copied out under the lock.
+        let (open, existing) = state.withLock { state in
+            state.engineStore.map { ($0, nil) } ?? (nil, state.manifest)
+        }
         if let open { return open }
         let (manifest, store) = try place.create(engine: engine, existing: existing, epoch: epoch)
         state.withLock { state in
