@@ -19,7 +19,7 @@ import Glibc
 public struct StoreContents: Sendable {
     /// An item's bytes (id then payload), the table's key: hashed and compared by the id's bytes, exactly as
     /// `ItemID` is, so an `ItemID` finds it.
-    private struct StoredItem: TableKey, @unchecked Sendable {  // ByteBuffer storage is never mutated once built
+    private struct StoredItem: TableKey, Sendable {
         var bytes: ByteBuffer
         var idLength: Int
 
@@ -59,13 +59,13 @@ public struct StoreContents: Sendable {
             return Payload(view)
         }
 
-        /// The record's payload storage when the planner made it with the id in front (`Payload(owning:prefix:)`),
-        /// else a copy made so.
+        /// The record's payload storage when the planner made it with the id in front (`Payload(owning:prefix:)`:
+        /// exactly the id then the payload), else a copy made so.
         init(_ record: ItemRecord) {
             var text = record.id.string
             let made = text.withUTF8 { id -> (ByteBuffer, Int)? in
                 var payload = record.payload.bytes
-                guard payload.readerIndex == id.count else { return nil }
+                guard payload.readerIndex == id.count, payload.capacity == payload.writerIndex else { return nil }
                 payload.moveReaderIndex(to: 0)
                 let matches = payload.withUnsafeReadableBytes { all in
                     id.count == 0 || memcmp(all.baseAddress!, id.baseAddress!, id.count) == 0
