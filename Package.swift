@@ -49,11 +49,10 @@ let package = Package(
         ),
         // An insertion-ordered table with stable positions: the broker's in-memory stores and the Swift engines.
         .target(name: "OrderedStorage"),
-        .target(name: "CMalloc"),
         .target(
             name: "BrokerCore",
             dependencies: [
-                "StoreModel", "ErrorShape", "OrderedStorage", "CMalloc", .product(name: "NIOCore", package: "swift-nio"),
+                "StoreModel", "ErrorShape", "OrderedStorage", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
             ]

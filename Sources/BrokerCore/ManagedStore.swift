@@ -1,4 +1,3 @@
-import CMalloc
 import DequeModule
 import Logging
 import Synchronization
@@ -46,8 +45,6 @@ struct StoreEnvironment: Sendable {
 /// push per commit for every subscriber, then the observers) and answers the group. Reads take the lock only
 /// to copy what they answer, from the event loop, so they never wait for the engine.
 final class ManagedStore: Sendable {
-    /// Loading at least this many items returns the allocator's free memory to the system afterwards.
-    static let trimAfterLoading = 10_000
     let name: String
     private let environment: StoreEnvironment
     private let state: Mutex<State>
@@ -136,9 +133,6 @@ final class ManagedStore: Sendable {
         do throws(BrokerError) {
             var contents = StoreContents()
             let loaded = try place.load(expect: { contents.reserveCapacity($0) }, visit: { contents.load($0) })
-            // What loading used and freed (the engine's buffers, its cursor) goes back to the system, not to
-            // the allocator's free lists: a large store's resident memory is then its items.
-            if contents.count >= Self.trimAfterLoading { sb_release_free_memory() }
             let sequence = loaded?.store.openedSequence ?? 0
             if let loaded {
                 logger.debug(

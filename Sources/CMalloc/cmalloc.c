@@ -1,2 +1,0 @@
-// CMalloc has only inline functions (include/cmalloc.h); a C target needs one source file.
-#include "cmalloc.h"
