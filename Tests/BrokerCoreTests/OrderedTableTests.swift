@@ -91,6 +91,54 @@ private struct Clashing: TableKey {
         #expect(pairs(table, \.id).map { $0[0] } == Array(stride(from: 1, to: 3000, by: 2)))
     }
 
+    /// The index doubles at 2,048 and 4,096 keys and then moves its old buckets a few per change: lookups, removals,
+    /// rollbacks and copies made meanwhile all see every key exactly once.
+    @Test("keys stay findable while the index grows in steps, through removals, rollbacks and copies")
+    func growingInSteps() {
+        var table = OrderedTable<String, Int>()
+        var model = Model()
+        var snapshot: (table: OrderedTable<String, Int>, model: Model)?
+        func check(_ table: OrderedTable<String, Int>, _ model: Model, _ upTo: Int) {
+            for key in 0..<upTo where (table.value(for: String(key)) != model.values[key]) {
+                Issue.record("key \(key): \(String(describing: table.value(for: String(key)))), not \(String(describing: model.values[key]))")
+                return
+            }
+            #expect(table.count == model.values.count)
+        }
+        for key in 0..<6000 {
+            // Live keys reach 2,048 (the index doubles) near key 2,389 and 4,096 near key 4,779.
+            if key == 2400 { snapshot = (table, model) }  // a copy taken while the old buckets are still moving
+            if key == 4000 { table.begin() }
+            _ = table.put(String(key), key)
+            _ = model.put(key, key)
+            if key % 7 == 3 {
+                #expect(table.remove(String(key - 3)) == model.remove(key - 3))
+            }
+            if key == 5500 {  // a transaction across a doubling, rolled back while the buckets move
+                let saved = snapshotOf(model, before: 4000)
+                table.rollback()
+                model = saved
+            }
+            if key % 97 == 0 { check(table, model, key + 1) }
+        }
+        check(table, model, 6000)
+        #expect(pairs(table, { Int($0)! }) == model.pairs)
+        if let snapshot {
+            check(snapshot.table, snapshot.model, 6000)
+            #expect(pairs(snapshot.table, { Int($0)! }) == snapshot.model.pairs)
+        }
+    }
+
+    /// The model as it was before key `before` was put (puts of 0..<before, with the same removals).
+    private func snapshotOf(_ model: Model, before: Int) -> Model {
+        var rebuilt = Model()
+        for key in 0..<before {
+            _ = rebuilt.put(key, key)
+            if key % 7 == 3 { _ = rebuilt.remove(key - 3) }
+        }
+        return rebuilt
+    }
+
     @Test("a put of a removed key goes last; forEach(after:) starts after the key")
     func order() {
         var table = OrderedTable<[UInt8], Int>()
