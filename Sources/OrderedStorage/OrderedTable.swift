@@ -57,6 +57,12 @@ public struct OrderedTable<Key: TableKey, Value> {
     /// removed bucket there becomes `BucketStorage.moved`, so probes through it still reach what is left.
     @usableFromInline var draining: BucketStorage?
     @usableFromInline var drained = 0
+    // The storages' addresses and masks, read by every lookup without touching the objects' reference counts;
+    // set only through `setBuckets` and `setDraining`.
+    @usableFromInline var bucketBase: UnsafeMutablePointer<UInt64>?
+    @usableFromInline var bucketMask = -1
+    @usableFromInline var drainBase: UnsafeMutablePointer<UInt64>?
+    @usableFromInline var drainMask = -1
     @usableFromInline var live = 0
     @usableFromInline var undo: [Undo]?
 
@@ -204,8 +210,8 @@ public struct OrderedTable<Key: TableKey, Value> {
     public mutating func removeAll() {
         undo?.append(.restoreAll(slots: slots, buckets: buckets, draining: draining, drained: drained, live: live))
         slots = []
-        buckets = nil
-        draining = nil
+        setBuckets(nil)
+        setDraining(nil)
         drained = 0
         live = 0
     }
@@ -247,8 +253,8 @@ public struct OrderedTable<Key: TableKey, Value> {
                 live -= 1
             case .restoreAll(let oldSlots, let oldBuckets, let oldDraining, let oldDrained, let oldLive):
                 slots = oldSlots
-                buckets = oldBuckets
-                draining = oldDraining
+                setBuckets(oldBuckets)
+                setDraining(oldDraining)
                 drained = oldDrained
                 live = oldLive
             }
@@ -282,55 +288,67 @@ public struct OrderedTable<Key: TableKey, Value> {
     }
 
     @inlinable
-    var bucketCount: Int { buckets?.count ?? 0 }
+    var bucketCount: Int { bucketMask + 1 }
+
+    @inlinable
+    mutating func setBuckets(_ storage: BucketStorage?) {
+        buckets = storage
+        bucketBase = storage?.base
+        bucketMask = (storage?.count ?? 0) - 1
+    }
+
+    @inlinable
+    mutating func setDraining(_ storage: BucketStorage?) {
+        draining = storage
+        drainBase = storage?.base
+        drainMask = (storage?.count ?? 0) - 1
+    }
 
     /// The bucket at a location `find` returned: an index into `buckets`, or `~index` into `draining`.
     @inlinable
     func bucket(at location: Int) -> UInt64 {
-        location >= 0 ? buckets!.base[location] : draining!.base[~location]
+        location >= 0 ? bucketBase![location] : drainBase![~location]
     }
 
     /// The buckets, written in place once no copy of the table shares them.
     @inlinable
     mutating func uniqueBuckets() -> UnsafeMutablePointer<UInt64> {
-        if !isKnownUniquelyReferenced(&buckets) { buckets = BucketStorage(copying: buckets!) }
-        return buckets!.base
+        if !isKnownUniquelyReferenced(&buckets) { setBuckets(BucketStorage(copying: buckets!)) }
+        return bucketBase!
     }
 
     @inlinable
     mutating func uniqueDraining() -> UnsafeMutablePointer<UInt64> {
-        if !isKnownUniquelyReferenced(&draining) { draining = BucketStorage(copying: draining!) }
-        return draining!.base
+        if !isKnownUniquelyReferenced(&draining) { setDraining(BucketStorage(copying: draining!)) }
+        return drainBase!
     }
 
     /// The location of the key `matches` accepts among those with this hash (`~index` when it is still in
     /// `draining`), and the empty bucket of `buckets` where such a key would go.
     @inlinable
     func find(hash: Int, matching matches: (Key) -> Bool) -> (found: Int?, empty: Int) {
-        guard let buckets else { return (nil, 0) }
+        guard let buckets = bucketBase else { return (nil, 0) }
         let tag = UInt64(truncatingIfNeeded: UInt32(truncatingIfNeeded: hash))
-        var mask = buckets.count - 1
-        var index = Int(tag) & mask
+        var index = Int(tag) & bucketMask
         var empty = 0
         while true {
-            let bucket = buckets.base[index]
+            let bucket = buckets[index]
             if bucket == 0 {
                 empty = index
                 break
             }
             if bucket >> 32 == tag, matches(slots[Self.slot(bucket)]!.key) { return (index, index) }
-            index = (index + 1) & mask
+            index = (index + 1) & bucketMask
         }
-        guard let draining else { return (nil, empty) }
-        mask = draining.count - 1
-        index = Int(tag) & mask
+        guard let draining = drainBase else { return (nil, empty) }
+        index = Int(tag) & drainMask
         while true {
-            let bucket = draining.base[index]
+            let bucket = draining[index]
             if bucket == 0 { return (nil, empty) }
             if bucket != BucketStorage.moved, bucket >> 32 == tag, matches(slots[Self.slot(bucket)]!.key) {
                 return (~index, empty)
             }
-            index = (index + 1) & mask
+            index = (index + 1) & drainMask
         }
     }
 
@@ -365,17 +383,18 @@ public struct OrderedTable<Key: TableKey, Value> {
     mutating func grow(to count: Int) {
         migrate(all: true)
         if let buckets, live > 0 {
-            draining = buckets
+            setDraining(buckets)
             drained = 0
         }
-        buckets = BucketStorage(count: count)
+        setBuckets(BucketStorage(count: count))
     }
 
     /// Moves the next few old buckets (or all of them) into `buckets`.
     @inlinable
     mutating func migrate(all: Bool = false) {
         // The count only: a reference held here would make `uniqueDraining` copy the old buckets.
-        guard let oldCount = draining?.count else { return }
+        guard drainBase != nil else { return }
+        let oldCount = drainMask + 1
         let end = all ? oldCount : min(oldCount, drained + Self.bucketsPerChange)
         let target = uniqueBuckets()
         let source = uniqueDraining()
@@ -390,7 +409,7 @@ public struct OrderedTable<Key: TableKey, Value> {
         }
         drained = end
         if drained == oldCount {
-            draining = nil
+            setDraining(nil)
             drained = 0
         }
     }
@@ -412,7 +431,7 @@ public struct OrderedTable<Key: TableKey, Value> {
             while fresh.base[index] != 0 { index = (index + 1) & mask }
             fresh.base[index] = bucket
         }
-        buckets = fresh
+        setBuckets(fresh)
     }
 
     @usableFromInline mutating func compactIfSparse() {
@@ -430,7 +449,9 @@ public struct OrderedTable<Key: TableKey, Value> {
     }
 }
 
-extension OrderedTable: Sendable where Key: Sendable, Value: Sendable {}
+// Unchecked only for the cached addresses: they point into the bucket storages the table holds, which are written
+// only while uniquely referenced (copy-on-write), like an array's buffer.
+extension OrderedTable: @unchecked Sendable where Key: Sendable, Value: Sendable {}
 extension OrderedTable.Undo: Sendable where Key: Sendable, Value: Sendable {}
 
 /// An index's buckets: zeroed memory from `calloc`, so a large index's pages are faulted in as they are first
