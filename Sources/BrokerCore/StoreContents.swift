@@ -109,11 +109,6 @@ public struct StoreContents: Sendable {
 
     public init() {}
 
-    public init(records: [ItemRecord]) {
-        table.reserveCapacity(records.count)
-        apply([.insert(records: records)])
-    }
-
     public var count: Int { table.count }
 
     /// Room for `count` items without growing.

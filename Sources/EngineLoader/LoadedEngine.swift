@@ -192,7 +192,7 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
                 let status = engine.functions.get(handle, cKeys, count, { context, index, item in
                     let collector = Unmanaged<Collector<[EngineRecord?]>>.fromOpaque(context!).takeUnretainedValue()
                     guard index < collector.values.count else { return 1 }
-                    collector.values[index] = item.map { EngineRecord($0.pointee) }
+                    collector.values[index] = item.map { EngineRecord(ScannedRecord($0.pointee)) }
                     return 0
                 }, Unmanaged.passUnretained(collector).toOpaque(), &error)
                 try engine.check(status, &error)
@@ -208,12 +208,8 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
             withoutActuallyEscaping(visit) { visit in
                 let visitor = Collector(visit)
                 let status = engine.functions.scan(handle, { context, item in
-                    let item = item!.pointee
                     Unmanaged<Collector<(ScannedRecord) -> Void>>.fromOpaque(context!).takeUnretainedValue().values(
-                        ScannedRecord(
-                            key: UnsafeRawBufferPointer(start: item.key.data, count: item.key.length),
-                            payload: UnsafeRawBufferPointer(start: item.payload.data, count: item.payload.length),
-                            createdAt: item.created_at, updatedAt: item.updated_at))
+                        ScannedRecord(item!.pointee))
                     return 0
                 }, Unmanaged.passUnretained(visitor).toOpaque(), &error)
                 do throws(EngineFailure) {
@@ -281,14 +277,13 @@ extension sb_bytes {
     }
 }
 
-extension EngineRecord {
-    /// A copy of an item an engine handed out.
+extension ScannedRecord {
+    /// An item an engine handed out, its bytes borrowed for as long as the engine's callback runs.
     init(_ item: sb_item) {
-        var payload = ByteBuffer()
-        if let data = item.payload.data, item.payload.length > 0 {
-            payload.writeBytes(UnsafeRawBufferPointer(start: data, count: item.payload.length))
-        }
-        self.init(key: item.key.array, payload: payload, createdAt: item.created_at, updatedAt: item.updated_at)
+        self.init(
+            key: UnsafeRawBufferPointer(start: item.key.data, count: item.key.length),
+            payload: UnsafeRawBufferPointer(start: item.payload.data, count: item.payload.length),
+            createdAt: item.created_at, updatedAt: item.updated_at)
     }
 }
 

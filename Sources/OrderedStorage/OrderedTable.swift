@@ -42,10 +42,11 @@ extension Array: TableKey where Element == UInt8 {
 /// growing or compacting the table moves buckets without hashing a key again. (A `Dictionary<Key, Int>`
 /// hashes every key again when it grows, compares keys on every probe and takes three times the memory.)
 ///
-/// Growing never stops one operation for long: the buckets live in `calloc`ed memory (the pages are faulted in
-/// as they are first used, not all at once by zeroing), and when the index doubles, the old buckets move into the
-/// new ones a few at a time, with each later change (`migrate`), while lookups search both. Doubling a
-/// million-item index in one go took 23 ms in this project's VM (13 ms of it zeroing 32 MB).
+/// The index grows without stopping one operation for long: the buckets live in `calloc`ed memory (the pages are
+/// faulted in as they are first used, not all at once by zeroing), and when the index doubles, the old buckets
+/// move into the new ones a few at a time, with each later change (`migrate`), while lookups search both.
+/// Doubling a million-item index in one go took 23 ms in this project's VM (13 ms of it zeroing 32 MB). The slot
+/// array is still a Swift `Array`: its own doubling copies every slot (docs/BENCHMARKS.md, the 2^20 row).
 ///
 /// Everything is `@inlinable`: the broker's memory and the engines use it on their hot paths, and a generic type
 /// used across modules unspecialized goes through value witnesses for every copy, hash and comparison.
