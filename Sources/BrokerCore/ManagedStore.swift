@@ -447,12 +447,19 @@ final class ManagedStore: Sendable {
         let now = currentTimeMilliseconds()
 
         // Plan every request against the committed items plus the requests before it.
+        var items = 0
+        var lastItems = 0
+        for write in writes {
+            guard case .write(let operation) = write.kind else { continue }
+            lastItems = operation.insertedItemCount
+            items += lastItems
+        }
         let (outcomes, steps, base, epoch, finalSequence) = state.withLock { state in
-            var planner = WritePlanner(base: state.contents)
+            var planner = WritePlanner(base: state.contents, items: items, remembered: items - lastItems)
             var epoch = state.epoch
             var sequence = state.sequence
             var outcomes: [Outcome] = []
-            var steps: [EngineStep] = []
+            outcomes.reserveCapacity(writes.count)
             for (index, write) in writes.enumerated() {
                 guard case .write(let operation) = write.kind else { preconditionFailure("drops are not grouped") }
                 if let conflict = conflict(write.condition, epoch: epoch, sequence: sequence) {
@@ -468,16 +475,15 @@ final class ManagedStore: Sendable {
                             )))
                     continue
                 }
-                guard let planned = planner.plan(operation, now: now, last: index == writes.count - 1) else {
+                guard let events = planner.plan(operation, now: now, last: index == writes.count - 1) else {
                     outcomes.append(.unchanged(epoch: epoch, sequence: sequence))
                     continue
                 }
                 if sequence == 0 { epoch = state.manifest?.epoch ?? Manifest.newEpoch() }
                 sequence += 1
-                outcomes.append(.committed(sequence: sequence, events: planned.events))
-                steps += planned.engineSteps
+                outcomes.append(.committed(sequence: sequence, events: events))
             }
-            return (outcomes, steps, state.info, epoch, sequence)
+            return (outcomes, planner.engineSteps, state.info, epoch, sequence)
         }
 
         guard finalSequence != base.sequence else {

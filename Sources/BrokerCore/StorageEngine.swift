@@ -7,18 +7,27 @@ import StoreModel
 
 /// An item as an engine stores it. Keys are raw bytes (the UTF-8 of an item id, for the broker).
 public struct EngineRecord: Hashable, Sendable {
-    public var key: [UInt8]
+    /// The key's bytes. A record the broker plans shares them with the item it keeps in memory (a slice of the
+    /// same storage, no copy); the engine loader hands the engine pointers into them.
+    public var keyBytes: ByteBuffer
     public var payload: ByteBuffer
     /// Milliseconds since the Unix epoch.
     public var createdAt: UInt64
     public var updatedAt: UInt64
 
-    public init(key: [UInt8], payload: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
-        self.key = key
+    public init(keyBytes: ByteBuffer, payload: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
+        self.keyBytes = keyBytes
         self.payload = payload
         self.createdAt = createdAt
         self.updatedAt = updatedAt
     }
+
+    public init(key: [UInt8], payload: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
+        self.init(keyBytes: ByteBuffer(bytes: key), payload: payload, createdAt: createdAt, updatedAt: updatedAt)
+    }
+
+    /// The key's bytes, copied.
+    public var key: [UInt8] { Array(keyBytes.readableBytesView) }
 }
 
 /// One step of an engine transaction.

@@ -128,6 +128,11 @@ public struct StoreContents: Sendable {
         return item.record(createdAt: stamps.createdAt, updatedAt: stamps.updatedAt, id: id)
     }
 
+    /// When the item was created, if the store holds it: a lookup that copies nothing out.
+    public func createdAt(_ id: ItemID) -> UInt64? {
+        table.entry(hash: id.tableHash, matching: { $0.hasID(id) })?.1.createdAt
+    }
+
     public func contains(_ id: ItemID) -> Bool {
         table.entry(hash: id.tableHash, matching: { $0.hasID(id) }) != nil
     }

@@ -287,20 +287,15 @@ extension ScannedRecord {
     }
 }
 
-/// Lays keys and payloads out in one contiguous block so that C structs can point into it for one call.
+/// The C steps of one `apply`, in one allocation. A put points straight into its record's buffers (the item the
+/// broker keeps: nothing is copied); a removed key's bytes are copied in behind the steps.
 enum StepArena {
     static func withSteps<T>(
         _ steps: [EngineStep], _ body: (UnsafePointer<sb_step>?, Int) throws(EngineFailure) -> T
     ) throws(EngineFailure) -> T {
         var total = 0
-        for step in steps {
-            switch step {
-            case .put(let record): total += record.key.count + record.payload.readableBytes
-            case .remove(let key): total += key.count
-            case .removeAll: break
-            }
-        }
-        // One allocation: the C steps, then the bytes they point at.
+        for case .remove(let key) in steps { total += key.count }
+        // One allocation: the C steps, then the removed keys' bytes.
         let stepBytes = steps.count * MemoryLayout<sb_step>.stride
         // malloc's alignment suits sb_step; Swift's aligned allocation goes through posix_memalign.
         let block = UnsafeMutableRawBufferPointer(start: malloc(max(stepBytes + total, 1))!, count: stepBytes + total)
@@ -314,16 +309,22 @@ enum StepArena {
             offset += bytes.count
             return sb_bytes(data: target.baseAddress!.assumingMemoryBound(to: UInt8.self), length: bytes.count)
         }
+        // The storage stays alive and unchanged for the whole call: `steps` holds every buffer, and nothing writes
+        // to them. That is what `WithStorageManagement` hands the storage out for (NIO's own vector writes keep
+        // such pointers the same way).
+        func pointing(at buffer: ByteBuffer) -> sb_bytes {
+            buffer.withUnsafeReadableBytesWithStorageManagement { bytes, _ in
+                sb_bytes(data: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), length: bytes.count)
+            }
+        }
         let none = sb_bytes(data: nil, length: 0)
         for (index, step) in steps.enumerated() {
             let cStep: sb_step
             switch step {
             case .put(let record):
-                let key = record.key.withUnsafeBytes(place)
-                let payload = record.payload.withUnsafeReadableBytes(place)
                 cStep = sb_step(
-                    kind: UInt32(SB_STEP_PUT), reserved: 0, key: key, payload: payload, created_at: record.createdAt,
-                    updated_at: record.updatedAt)
+                    kind: UInt32(SB_STEP_PUT), reserved: 0, key: pointing(at: record.keyBytes),
+                    payload: pointing(at: record.payload), created_at: record.createdAt, updated_at: record.updatedAt)
             case .remove(let key):
                 cStep = sb_step(
                     kind: UInt32(SB_STEP_REMOVE), reserved: 0, key: key.withUnsafeBytes(place), payload: none,
