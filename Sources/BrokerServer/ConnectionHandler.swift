@@ -41,6 +41,11 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private var answeredHere: [AnswerInbox.Answer] = []
     /// Bytes of the writes in `pending`: written as far as the machine is concerned, not yet in the channel.
     private var pendingBytes = 0
+    /// What the channel held and the time when the actions being performed began; valid until they are done
+    /// or something is flushed (nothing leaves the channel's buffer in between, so the bytes written to it
+    /// since are all that changed).
+    private var ioSnapshot: IOSnapshot?
+    private var writtenSinceSnapshot = 0
     private var performing = false
     private var needsFlush = false
     private var handshakeTimer: Scheduled<Void>?
@@ -144,22 +149,39 @@ final class ConnectionHandler: ChannelDuplexHandler {
         _ body: (inout ConnectionStateMachine, ConnectionStateMachine.IOState) -> [ConnectionStateMachine.Action]
     ) {
         guard let context, machine != nil else { return }
-        let buffered = (try? context.channel.syncOptions?.getOption(.bufferedWritableBytes)) ?? 0
+        let snapshot: IOSnapshot
+        if let taken = ioSnapshot {
+            snapshot = taken
+        } else {
+            // NIO answers an option through a chain of dynamic casts: asked once per batch of actions, not per
+            // answer given while they are performed.
+            snapshot = IOSnapshot(
+                channelBytes: (try? context.channel.syncOptions?.getOption(.bufferedWritableBytes)) ?? 0,
+                now: context.eventLoop.now)
+            ioSnapshot = snapshot
+            writtenSinceSnapshot = 0
+        }
         let io = ConnectionStateMachine.IOState(
-            isWritable: context.channel.isWritable, bufferedBytes: buffered + pendingBytes, now: context.eventLoop.now)
+            isWritable: context.channel.isWritable,
+            bufferedBytes: snapshot.channelBytes + writtenSinceSnapshot + pendingBytes, now: snapshot.now)
         perform(body(&machine!, io))
     }
 
     // MARK: Actions out
 
-    private func perform(_ actions: [ConnectionStateMachine.Action]) {
+    private func perform(_ actions: consuming [ConnectionStateMachine.Action]) {
+        var actions = actions
         for action in actions {
             if case .write(let bytes) = action { pendingBytes += bytes.readableBytes }
             pending.append(action)
         }
+        machine?.recycle(&actions)
         guard !performing else { return }  // an answer given at once: its actions queue behind these
         performing = true
-        defer { performing = false }
+        defer {
+            performing = false
+            ioSnapshot = nil
+        }
         while true {
             while let action = pending.popFirst() { execute(action) }
             if !writes.isEmpty {
@@ -180,6 +202,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             }
             if needsFlush, let context {
                 needsFlush = false
+                ioSnapshot = nil
                 context.flush()
             }
             machine?.turnEnded()
@@ -192,6 +215,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         switch action {
         case .write(let bytes):
             pendingBytes -= bytes.readableBytes
+            writtenSinceSnapshot += bytes.readableBytes
             context.write(wrapOutboundOut(bytes), promise: nil)
         case .flush:
             needsFlush = true
@@ -243,10 +267,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
             recheckTimer = schedule(in: .init(after)) { $0.recheck(io: $1) }
         case .closeAfter(let lastWord):
             needsFlush = false
+            ioSnapshot = nil
             context.channel.closeAfterLastWord(context.writeAndFlush(wrapOutboundOut(lastWord)))
         case .closeWhenWritten:
             // Writes complete in order: once this empty one is written, so is every answer before it.
             needsFlush = false
+            ioSnapshot = nil
             let channel = context.channel
             context.writeAndFlush(wrapOutboundOut(ByteBuffer())).whenComplete { _ in channel.close(promise: nil) }
         }
@@ -266,6 +292,11 @@ final class ConnectionHandler: ChannelDuplexHandler {
         let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
         return context.eventLoop.scheduleTask(in: delay) { loop.value.event(body) }
     }
+}
+
+private struct IOSnapshot {
+    var channelBytes: Int
+    var now: NIODeadline
 }
 
 /// Answers given on other threads (writers), gathered until the connection's event loop takes them: the

@@ -322,9 +322,19 @@ struct ConnectionStateMachine {
     }
 
     private mutating func end() -> [Action] {
-        // Begun again at the size this turn reached, not regrown from one element.
-        defer { actions.removeAll(keepingCapacity: true) }
-        return actions
+        // The array goes out whole; `recycle` brings its storage back once it has been performed, so a turn
+        // neither allocates nor regrows one.
+        let out = actions
+        actions = []
+        return out
+    }
+
+    /// Takes back the array a turn returned, once its actions have been performed, to emit the next turn's
+    /// actions into the same storage.
+    mutating func recycle(_ performed: inout [Action]) {
+        guard actions.isEmpty, performed.capacity > 0 else { return }
+        performed.removeAll(keepingCapacity: true)
+        swap(&actions, &performed)
     }
 
     private mutating func emit(_ action: Action) {

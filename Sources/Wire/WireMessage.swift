@@ -69,11 +69,34 @@ extension SplittableMessage {
     public func encodeFrames(id: UInt32, maxFrameLength: Int, into out: inout ByteBuffer) throws(WireError) {
         let original = out.writerIndex
         do {
+            if try encodeOneFrame(id: id, maxFrameLength: maxFrameLength, into: &out) { return }
             try encodeFramesUnchecked(id: id, maxFrameLength: maxFrameLength, into: &out)
         } catch {
             out.moveWriterIndex(to: original)
             throw error
         }
+    }
+
+    /// The whole message as one frame, straight into `out`, when it fits (most answers): true. Otherwise
+    /// writes nothing and returns false; it stops as soon as the frame is over the limit, so a message of many
+    /// frames costs at most one frame's worth of encoding here.
+    private func encodeOneFrame(id: UInt32, maxFrameLength: Int, into out: inout ByteBuffer) throws(WireError) -> Bool {
+        let start = out.writeFrameHeader(type: Self.type, flags: [], id: id)
+        try encodeHead(payload: &out)
+        out.writeInteger(UInt32(elements.count))
+        for element in elements {
+            try element.encode(wire: &out)
+            if out.writerIndex - start > maxFrameLength {
+                out.moveWriterIndex(to: start)
+                return false
+            }
+        }
+        if out.writerIndex - start > maxFrameLength {
+            out.moveWriterIndex(to: start)
+            return false
+        }
+        out.patchFrameLength(frameStart: start)
+        return true
     }
 
     private func encodeFramesUnchecked(id: UInt32, maxFrameLength: Int, into out: inout ByteBuffer) throws(WireError) {
