@@ -446,7 +446,9 @@ final class ManagedStore: Sendable {
         let atomic = engine.capabilities.contains(.atomic)
         let now = currentTimeMilliseconds()
 
-        // Plan every request against the committed items plus the requests before it.
+        // Plan every request against the committed items plus the requests before it. Only this writer changes
+        // the committed state, so it is planned against outside the lock: submitters and readers wait only for
+        // the copy below and for the apply after the commit, never for planning.
         var items = 0
         var lastItems = 0
         for write in writes {
@@ -454,12 +456,14 @@ final class ManagedStore: Sendable {
             lastItems = operation.insertedItemCount
             items += lastItems
         }
-        let (outcomes, steps, base, epoch, finalSequence) = state.withLock { state in
-            var planner = WritePlanner(base: state.contents, items: items, remembered: items - lastItems)
-            var epoch = state.epoch
-            var sequence = state.sequence
-            var outcomes: [Outcome] = []
-            outcomes.reserveCapacity(writes.count)
+        let (committed, base, manifestEpoch) = state.withLock { ($0.contents, $0.info, $0.manifest?.epoch) }
+        var epoch = base.epoch
+        var sequence = base.sequence
+        var outcomes: [Outcome] = []
+        outcomes.reserveCapacity(writes.count)
+        let steps: [EngineStep]
+        do {
+            var planner = WritePlanner(base: committed, items: items, remembered: items - lastItems)
             for (index, write) in writes.enumerated() {
                 guard case .write(let operation) = write.kind else { preconditionFailure("drops are not grouped") }
                 if let conflict = conflict(write.condition, epoch: epoch, sequence: sequence) {
@@ -479,12 +483,15 @@ final class ManagedStore: Sendable {
                     outcomes.append(.unchanged(epoch: epoch, sequence: sequence))
                     continue
                 }
-                if sequence == 0 { epoch = state.manifest?.epoch ?? Manifest.newEpoch() }
+                if sequence == 0 { epoch = manifestEpoch ?? Manifest.newEpoch() }
                 sequence += 1
                 outcomes.append(.committed(sequence: sequence, events: events))
             }
-            return (outcomes, planner.engineSteps, state.info, epoch, sequence)
+            steps = planner.engineSteps
         }
+        // The planner and its copy of the committed items are gone: the apply below changes them in place.
+        _ = consume committed
+        let finalSequence = sequence
 
         guard finalSequence != base.sequence else {
             answer(writes, outcomes, epoch: epoch)
