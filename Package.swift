@@ -190,6 +190,16 @@ let package = Package(
             path: "Benchmarks/storebroker-benchmark"
         ),
         // The SQLite side of the side-by-side run: the same work straight on one SQLite file.
+        // The reliability suite's driver (scripts/reliability.sh, docs/RELIABILITY.md): crash rounds, live
+        // fuzzing and load against the daemon built beside it.
+        .executableTarget(
+            name: "storebroker-reliability",
+            dependencies: [
+                "StoreBrokerClient", "TestSupport", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            path: "Reliability/storebroker-reliability"
+        ),
         .executableTarget(name: "sqlite-direct", dependencies: ["CSQLite"], path: "Benchmarks/sqlite-direct"),
         .executableTarget(
             name: "broker-bench",

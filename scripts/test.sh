@@ -10,3 +10,7 @@ source scripts/setup.sh
 
 swift build --build-tests
 swift test
+
+# The reliability suite's quick mode (docs/RELIABILITY.md): kill -9 rounds per persistent engine, live fuzzing,
+# load with watchers, libFuzzer on the wire codec.
+bash scripts/reliability.sh --quick

@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Testing
 
 private let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()

@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Testing
 
 /// Runs Tests/python/peer_client.py as user `nobody` (setpriv), speaking the protocol to `socket`.

@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Testing
 
 private let activator = "/usr/bin/systemd-socket-activate"

@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Testing
 
 /// Every integration suite runs one at a time: each starts real daemons, and the machine has 2 cores.

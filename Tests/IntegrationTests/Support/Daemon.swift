@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import StoreBrokerClient
 import Testing
 import Wire
@@ -58,11 +59,8 @@ final class Daemon: @unchecked Sendable {
     /// SIGTERM and wait: the graceful path. Returns the exit status.
     @discardableResult
     func stop() async -> Int32 {
-        guard let process else { return -1 }
-        process.signal(SIGTERM)
-        let status = await process.wait(atMost: 30)
-        self.process = nil
-        return status
+        defer { process = nil }
+        return await process?.terminate(within: 30) ?? -1
     }
 
     /// SIGKILL: a crash.

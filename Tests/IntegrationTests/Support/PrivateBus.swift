@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 
 /// A private `dbus-daemon` on a socket in a test directory (never the machine's session bus).
 final class PrivateBus: @unchecked Sendable {

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The reliability suite (docs/RELIABILITY.md): kill -9 rounds for every persistent engine, mutated frames over
+# live connections, load with watchers, and libFuzzer on the wire codec; the full mode runs them longer and
+# adds the integration suite under AddressSanitizer and the in-process suites under ThreadSanitizer.
+#
+#   scripts/reliability.sh --quick [--write]   # what CI runs (scripts/test.sh): a few minutes, the debug build
+#   scripts/reliability.sh --full [--write]    # 20 rounds per engine, 100,000 frames, 1,000 connections for
+#                                              # 60 s, 10 minutes per fuzz target, sanitizers: over an hour
+#
+# Every step prints its figures as a JSON line; the table at the end is made from them, and --write puts it in
+# docs/RELIABILITY.md between its markers. Exits 1 when any step fails (after running the others).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+mode=quick
+write=no
+for argument in "$@"; do
+    case "$argument" in
+        --quick) mode=quick ;;
+        --full) mode=full ;;
+        --write) write=yes ;;
+        *) echo "usage: $0 [--quick|--full] [--write]" >&2; exit 64 ;;
+    esac
+done
+source scripts/setup.sh
+
+if [ "$mode" = quick ]; then
+    configuration=debug rounds=3 frames=10000 fuzz_connections=20 load_connections=200 load_seconds=10
+    fuzz_seconds=30
+else
+    configuration=release rounds=20 frames=100000 fuzz_connections=50 load_connections=1000 load_seconds=60
+    fuzz_seconds=600
+fi
+
+swift build -c "$configuration" >&2
+bin="$(swift build -c "$configuration" --show-bin-path)"
+tool="$bin/storebroker-reliability"
+work="$(mktemp -d /tmp/sb-reliability.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+results="$work/results.jsonl"
+: >"$results"
+failed=()
+
+# step NAME COMMAND...: runs a step that prints one JSON line of figures.
+step() {
+    local name="$1"
+    shift
+    echo "reliability: $name" >&2
+    local started=$SECONDS
+    if "$@" >"$work/step.json"; then
+        cat "$work/step.json" >>"$results"
+    else
+        failed+=("$name")
+        if [ -s "$work/step.json" ]; then cat "$work/step.json" >>"$results"; fi
+        echo "reliability: $name FAILED" >&2
+    fi
+    echo "reliability: $name took $((SECONDS - started)) s" >&2
+}
+
+step "self-test" "$tool" self-test
+for engine in sqlite disk c-example; do
+    step "crash $engine" "$tool" crash --engine "$engine" --rounds "$rounds"
+done
+step "live fuzz" "$tool" live-fuzz --frames "$frames" --connections "$fuzz_connections" \
+    --vectors docs/protocol-vectors.json
+step "load" "$tool" load --connections "$load_connections" --seconds "$load_seconds" --watchers 16
+
+# libFuzzer: its own package (a fuzz target has no main of its own), its own build directory.
+echo "reliability: building the fuzz targets" >&2
+swift build --package-path Fuzz --scratch-path .build-fuzz -Xswiftc -sanitize=fuzzer,address \
+    -Xswiftc -parse-as-library 2>&1 | { grep -v "Cannot export local symbol" || true; } >&2
+python3 Fuzz/seeds.py docs/protocol-vectors.json "$work/corpus"
+fuzz() { # TARGET: prints its JSON line; fails on a finding
+    local target="$1" log="$work/$1.log"
+    mkdir -p "$work/$target-found"
+    local status=0
+    .build-fuzz/debug/"$target" -max_total_time="$fuzz_seconds" -rss_limit_mb=4096 -print_final_stats=1 \
+        -artifact_prefix="$work/$target-found/" "$work/corpus/$target" >"$log" 2>&1 || status=$?
+    local runs
+    runs="$(awk '/^stat::number_of_executed_units:/ { print $2 }' "$log")"
+    local found
+    found="$(ls "$work/$target-found" | head -1)"
+    if [ -n "$found" ]; then
+        mkdir -p .build-fuzz/findings
+        cp "$work/$target-found/$found" ".build-fuzz/findings/$target-$found"
+        echo "reliability: $target found $found (kept in .build-fuzz/findings):" >&2
+        grep -E "ERROR|Fatal error|precondition" "$log" | head -5 >&2
+    fi
+    local passed=true
+    if [ "$status" -ne 0 ] || [ -n "$found" ]; then passed=false; fi
+    printf '{"scenario":"libfuzzer","target":"%s","seconds":%s,"runs":%s,"passed":%s}\n' \
+        "$target" "$fuzz_seconds" "${runs:-0}" "$passed"
+    [ "$passed" = true ]
+}
+for target in FuzzFrames FuzzMessages FuzzServerSession; do
+    step "libFuzzer $target" fuzz "$target"
+done
+
+if [ "$mode" = full ]; then
+    sanitized() { # NAME SANITIZER FILTER: the tests FILTER selects, built with SANITIZER
+        local name="$1" sanitizer="$2" filter="$3" status=0
+        swift build --build-tests --sanitize="$sanitizer" --scratch-path ".build-$sanitizer" >&2
+        TSAN_OPTIONS="suppressions=$PWD/Tests/tsan-suppressions.txt" \
+            swift test --skip-build --sanitize="$sanitizer" --scratch-path ".build-$sanitizer" --filter "$filter" \
+            >"$work/$name.log" 2>&1 || status=$?
+        local summary
+        summary="$(grep -E "Test run with [0-9]+ tests" "$work/$name.log" | tail -1 | sed 's/"/\\"/g')"
+        local findings
+        findings="$(grep -cE "^(==[0-9]+==ERROR|WARNING: ThreadSanitizer)" "$work/$name.log" || true)"
+        printf '{"scenario":"sanitizer","sanitizer":"%s","tests":"%s","summary":"%s","findings":%s,"passed":%s}\n' \
+            "$sanitizer" "$filter" "$summary" "$findings" "$([ "$status" -eq 0 ] && [ "$findings" -eq 0 ] && echo true || echo false)"
+        [ "$status" -eq 0 ] && [ "$findings" -eq 0 ]
+    }
+    step "AddressSanitizer" sanitized asan address "IntegrationTests|BrokerCoreTests|BrokerServerTests|WireTests"
+    # Engine plugins built with ThreadSanitizer cannot be loaded (docs/RELIABILITY.md): the in-process suites.
+    step "ThreadSanitizer" sanitized tsan thread "BrokerCoreTests|BrokerServerTests|WireTests"
+fi
+
+python3 scripts/reliability_table.py "$results" "$mode" "$write"
+if ((${#failed[@]} > 0)); then
+    echo "reliability: FAILED: ${failed[*]}" >&2
+    exit 1
+fi
+echo "reliability: every step passed" >&2
