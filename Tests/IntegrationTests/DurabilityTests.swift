@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import StoreBrokerClient
 import Testing
 import Wire
@@ -114,6 +115,51 @@ extension Integration {
                     throw error
                 }
                 _ = try await runCommand(["/bin/umount", "-l", mountPoint], in: directory)
+            }
+        }
+
+        /// A deterministic full disk for the sqlite engine, on any machine: a quota of 40 pages
+        /// (`sqlite.max_page_count`). The write that does not fit fails with `storageFull` and changes nothing,
+        /// the daemon goes on serving, and writes resume once removals free pages; a restart keeps everything
+        /// acknowledged.
+        @Test func theSQLiteEngineFailsCleanlyAtItsQuotaAndResumes() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = Daemon(
+                    in: directory, arguments: ["--engine", "sqlite", "--engine-option", "sqlite.max_page_count=40"])
+                try await daemon.start()
+                let padding = String(repeating: "x", count: 2_000)
+                var acknowledged: [String] = []
+                var refused: ProcessResult?
+                for index in 0..<200 {
+                    let result = try await daemon.storectl(["insert", "quota", #"{"id":"\#(index)","p":"\#(padding)"}"#])
+                    if result.status != 0 {
+                        refused = result
+                        break
+                    }
+                    acknowledged.append("\(index)")
+                }
+                let full = try #require(refused, "200 items of 2 KB fit in 40 pages")
+                #expect(full.status == 74 && full.stderr.contains("storageFull"), "\(full.stderr)")
+                #expect(acknowledged.count > 10)
+                // Nothing of the refused write is in memory; the daemon serves reads and the other stores.
+                #expect(try await daemon.storectl(["count", "quota"]).stdout == "\(acknowledged.count)\n")
+                #expect(try await daemon.storectl(["query", "quota", "--id", "\(acknowledged.count)"]).status == 66)
+                #expect(try await daemon.storectl(["insert", "other", #"{"id":"a"}"#]).status == 0)
+
+                // Removing items frees pages: the next write fits.
+                let removed = Array(acknowledged.prefix(acknowledged.count / 2))
+                #expect(try await daemon.storectl(["remove", "quota"] + removed).status == 0)
+                let again = try await daemon.storectl(["insert", "quota", #"{"id":"again","p":"\#(padding)"}"#])
+                #expect(again.status == 0, "\(again.stderr)")
+                let kept = Array(acknowledged.dropFirst(removed.count)) + ["again"]
+
+                await daemon.stop()
+                try await daemon.start()
+                let ids = try await daemon.storectl(["query", "quota"]).lines.map {
+                    (try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any])["id"] as! String
+                }
+                #expect(ids == kept)
+                await daemon.stop()
             }
         }
 

@@ -20,7 +20,7 @@ final class SQLiteEngine: EngineDefinition {
     let name = "sqlite"
     let version = "1.0.0 (SQLite \(String(cString: sqlite3_libversion())))"
     let capabilities = UInt64(SB_CAP_PERSISTENT | SB_CAP_ATOMIC)
-    let optionKeys = ["synchronous", "busy_timeout_ms", FailureInjection.optionKey]
+    let optionKeys = ["synchronous", "busy_timeout_ms", "max_page_count", FailureInjection.optionKey]
 
     static let fileName = "store.sqlite3"
 
@@ -34,9 +34,18 @@ final class SQLiteEngine: EngineDefinition {
         guard let busyTimeout = Int32(options["busy_timeout_ms", default: "5000"]), busyTimeout >= 0 else {
             throw EngineError.invalid("busy_timeout_ms must be a whole number of milliseconds")
         }
+        // A quota: the database may grow to this many pages (SQLite's own limit is used, which cannot go below
+        // the pages the file already has); past it a write fails with SB_ERR_FULL and changes nothing.
+        var maxPageCount: Int?
+        if let text = options["max_page_count"] {
+            guard let value = Int(text), value >= 1 else {
+                throw EngineError.invalid("max_page_count must be a whole number of pages, at least 1, got \(text.debugDescription)")
+            }
+            maxPageCount = value
+        }
         let store = try SQLiteStore(
             path: directory + "/" + Self.fileName, synchronous: synchronous, busyTimeout: busyTimeout,
-            failure: try FailureInjection(options: options))
+            maxPageCount: maxPageCount, failure: try FailureInjection(options: options))
         return (store, try store.readSequence())
     }
 
@@ -114,7 +123,9 @@ final class SQLiteStore: EngineStoreImplementation {
     private let begin, commit, rollback: Statement
     private let checkpoints: Checkpointer.Target
 
-    init(path: String, synchronous: String, busyTimeout: Int32, failure: FailureInjection) throws(EngineError) {
+    init(
+        path: String, synchronous: String, busyTimeout: Int32, maxPageCount: Int? = nil, failure: FailureInjection
+    ) throws(EngineError) {
         var handle: OpaquePointer?
         let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE
         let status = sqlite3_open_v2(path, &handle, flags, nil)
@@ -142,6 +153,7 @@ final class SQLiteStore: EngineStoreImplementation {
                 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
                 INSERT OR IGNORE INTO meta (name, value) VALUES ('format', 1), ('sequence', 0);
                 """)
+            if let maxPageCount { try Self.exec(db, "PRAGMA max_page_count=\(maxPageCount);") }
             put = try Statement(
                 db,
                 """
