@@ -2,8 +2,6 @@ import Foundation
 import TestSupport
 import Testing
 
-private let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-    .deletingLastPathComponent().path
 
 private let hasDBus = FileManager.default.isExecutableFile(atPath: "/usr/bin/dbus-daemon")
     && FileManager.default.isExecutableFile(atPath: "/usr/bin/dbus-monitor")

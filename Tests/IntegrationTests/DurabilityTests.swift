@@ -49,47 +49,88 @@ extension Integration {
                 let daemon = Daemon(in: directory, arguments: ["--engine", engine])
                 try await daemon.start()
                 let pid = daemon.process!.pid
-                // Writers acknowledge ids until the daemon dies under them.
-                let acknowledged = try await withThrowingTaskGroup(of: [String].self) { group in
-                    for writer in 0..<4 {
-                        group.addTask {
-                            let connection = try await daemon.connect()
-                            var done: [String] = []
-                            for n in 0..<100_000 {
-                                let id = "w\(writer)-\(n)"
-                                do {
-                                    let padding = String(repeating: "x", count: max(0, payloadBytes - 16))
-                                    _ = try await connection.send(
-                                        .insert(
-                                            .init(
-                                                store: "s",
-                                                items: [Item(id: ItemID(id), payload: Payload("{\"n\":\(n),\"p\":\"\(padding)\"}"))])))
-                                    done.append(id)
-                                } catch {
-                                    return done
-                                }
-                                if writer == 0, n == killAfter { kill(pid, SIGKILL) }
-                            }
-                            return done
-                        }
-                    }
-                    var all: [String] = []
-                    for try await ids in group { all += ids }
-                    return all
+                let acknowledged = try await writeUntilTheDaemonDies(daemon, payloadBytes: payloadBytes) { writer, n in
+                    if writer == 0, n == killAfter { kill(pid, SIGKILL) }
                 }
                 await daemon.process?.wait()
                 #expect(acknowledged.count >= killAfter)
                 try await daemon.start()
-                let stored = Set(try await daemon.storectl(["query", "s", "--meta"]).lines.map {
-                    (try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any])["id"] as! String
-                })
-                let lost = acknowledged.filter { !stored.contains($0) }
-                #expect(lost.isEmpty, "acknowledged but lost: \(lost.prefix(10))")
-                // The sequence counts every commit that survived.
-                let info = try await daemon.storectl(["stores"]).stdout
-                #expect(info.contains("\"sequence\":\(stored.count),"))
+                try await expectEveryAcknowledgedWrite(acknowledged, in: daemon)
                 await daemon.stop()
             }
+        }
+
+        /// An engine that segfaults inside an apply (the C example wrapped to crash after 200 applies, half the
+        /// time after writing the apply, half before) takes the daemon down; restarted, the daemon has every
+        /// acknowledged write.
+        @Test func anEngineThatSegfaultsInAnApplyLosesNoAcknowledgedWrite() async throws {
+            try await withTemporaryDirectory { directory in
+                let engines = directory + "/engines"
+                try FileManager.default.createDirectory(atPath: engines, withIntermediateDirectories: false)
+                let built = try await runCommand(
+                    ["/usr/bin/cc", "-std=c11", "-O2", "-shared", "-fPIC", "-I", repositoryRoot + "/Sources/CStorageEngine/include",
+                     "-o", engines + "/libstorebroker-engine-crashing.so",
+                     repositoryRoot + "/Tests/engines/crashing-engine.c"],
+                    in: directory)
+                try #require(built == 0)
+                let arguments = ["--engine", "crashing", "--engine-path", engines]
+                let crashing = Daemon(
+                    in: directory, arguments: arguments, launcher: ["/usr/bin/env", "STOREBROKER_TEST_CRASH_AFTER=200"])
+                try await crashing.start()
+                let acknowledged = try await writeUntilTheDaemonDies(crashing, payloadBytes: 16)
+                #expect(await crashing.process?.wait() == 128 + SIGSEGV)
+                #expect(acknowledged.count >= 100)
+                let restarted = Daemon(in: directory, arguments: arguments)
+                try await restarted.start()
+                try await expectEveryAcknowledgedWrite(acknowledged, in: restarted)
+                await restarted.stop()
+            }
+        }
+
+        /// Four writers acknowledge single inserts into store `s` until the daemon dies under them;
+        /// `afterWrite(writer, n)` runs after each acknowledged write. Returns the acknowledged ids.
+        func writeUntilTheDaemonDies(
+            _ daemon: Daemon, payloadBytes: Int, afterWrite: @escaping @Sendable (Int, Int) -> Void = { _, _ in }
+        ) async throws -> [String] {
+            try await withThrowingTaskGroup(of: [String].self) { group in
+                for writer in 0..<4 {
+                    group.addTask {
+                        let connection = try await daemon.connect()
+                        var done: [String] = []
+                        let padding = String(repeating: "x", count: max(0, payloadBytes - 16))
+                        for n in 0..<100_000 {
+                            let id = "w\(writer)-\(n)"
+                            do {
+                                _ = try await connection.send(
+                                    .insert(
+                                        .init(
+                                            store: "s",
+                                            items: [Item(id: ItemID(id), payload: Payload("{\"n\":\(n),\"p\":\"\(padding)\"}"))])))
+                                done.append(id)
+                            } catch {
+                                return done
+                            }
+                            afterWrite(writer, n)
+                        }
+                        return done
+                    }
+                }
+                var all: [String] = []
+                for try await ids in group { all += ids }
+                return all
+            }
+        }
+
+        /// After a restart: every acknowledged id is in store `s`, and its sequence counts the commits that
+        /// survived (one per write).
+        func expectEveryAcknowledgedWrite(_ acknowledged: [String], in daemon: Daemon) async throws {
+            let stored = Set(try await daemon.storectl(["query", "s", "--meta"]).lines.map {
+                (try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any])["id"] as! String
+            })
+            let lost = acknowledged.filter { !stored.contains($0) }
+            #expect(lost.isEmpty, "acknowledged but lost: \(lost.prefix(10))")
+            let info = try await daemon.storectl(["stores"]).stdout
+            #expect(info.contains("\"sequence\":\(stored.count),"), "\(info)")
         }
     }
 }

@@ -2,9 +2,6 @@ import Foundation
 import TestSupport
 import Testing
 
-private let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-    .deletingLastPathComponent().path
-
 /// Runs a script of examples/ with the binaries of this build.
 private func runExample(_ script: String, in directory: String) async throws -> ProcessResult {
     var environment = ProcessInfo.processInfo.environment

@@ -13,8 +13,6 @@ private func asNobody(_ socket: String, _ arguments: [String], in directory: Str
     return child.stdout.trimmingCharacters(in: .whitespacesAndNewlines) + child.stderr
 }
 
-private let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-    .deletingLastPathComponent().path
 
 private let canSwitchUser = getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")
 

@@ -1,6 +1,10 @@
 import Foundation
 import TestSupport
 
+/// The repository's root (this file is Tests/IntegrationTests/Support/Processes.swift).
+let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+    .deletingLastPathComponent().deletingLastPathComponent().path
+
 /// A directory under /tmp with a short name (socket paths must stay under 108 bytes), removed afterwards.
 func withTemporaryDirectory<T>(_ body: (String) async throws -> T) async throws -> T {
     try await TestSupport.withTemporaryDirectory(prefix: "sbi", body)
