@@ -65,6 +65,26 @@ step "live fuzz" "$tool" live-fuzz --frames "$frames" --connections "$fuzz_conne
     --vectors docs/protocol-vectors.json
 step "load" "$tool" load --connections "$load_connections" --seconds "$load_seconds" --watchers 16
 
+# Faults and hostile peers that have tests of their own (docs/RELIABILITY.md, sections 3 and 5): the suite runs
+# those tests rather than a second copy of them.
+named_tests() { # NAME REGEX: runs the tests REGEX selects; prints a JSON line with their count
+    local name="$1" filter="$2" status=0
+    swift build --build-tests >&2
+    swift test --skip-build --filter "$filter" >"$work/tests.log" 2>&1 || status=$?
+    local count
+    count="$(sed -nE 's/.*Test run with ([0-9]+) tests?.*/\1/p' "$work/tests.log" | tail -1)"
+    local failures
+    failures="$(grep -cE "^✘ Test " "$work/tests.log" || true)"
+    printf '{"scenario":"tests","name":"%s","tests":%s,"failures":%s,"passed":%s}\n' \
+        "$name" "${count:-0}" "$failures" "$([ "$status" -eq 0 ] && echo true || echo false)"
+    if [ "$status" -ne 0 ]; then grep -E "^✘" "$work/tests.log" | head -20 >&2; fi
+    [ "$status" -eq 0 ]
+}
+step "faults" named_tests faults \
+    "FullDisk|anEngineThatSegfaults|killDashNine|aFailedCommitChangesNothingInMemory|failedChainsLeaveNoTrace|brokenStoresDoNotHideTheOthers|aBadOptionValueFailsOpen|theDaemonSurvivesTheBusGoingAway|withNoBusAtStart|clientThatDisconnectsMidRequest|truncatedFrameThenDisconnect|closedConnectionsLeaveNothingBehind|lostEngineFilesAreABrokenStore"
+step "hostile peers" named_tests "hostile peers" \
+    "Peers|aPeerOfAnotherUserIsRefused|invalidNamesAndIdsAreRefusedPerRequest|reservedLookingNamesSurviveARestart|aPlantedSecretIsNever|aKeyFileWithTheWrongMode|aWorldWritableFileIsRefused|aFileOwnedByAnotherUserIsRefused|directoriesAboveAnEngineAreChecked|aLinkSwappedDuringTheLoad|BadInput"
+
 # libFuzzer: its own package (a fuzz target has no main of its own), its own build directory.
 echo "reliability: building the fuzz targets" >&2
 swift build --package-path Fuzz --scratch-path .build-fuzz -Xswiftc -sanitize=fuzzer,address \

@@ -45,7 +45,8 @@ for step in steps:
     elif kind == "live-fuzz":
         rows.append(("mutated frames over live connections",
                      f"{step['frames']:,} frames over {step['connections']:,} connections "
-                     f"({step['closed_by_daemon']:,} closed by the daemon after a protocol error) in "
+                     f"({step['closed_by_daemon']:,} closed by the daemon after a protocol error; "
+                     f"{step.get('large_frames_cut', 0):,} clients gone in the middle of an 8 MiB frame) in "
                      f"{step['seconds']:.0f} s; a client pinging meanwhile: {step['pings_ok']:,} answered",
                      f"failed pings {step['pings_failed']}; descriptors {step['descriptors_before']} → "
                      f"{step['descriptors_after']}; resident {mib(step['resident_mib_before'])} → peak "
@@ -61,6 +62,9 @@ for step in steps:
                      f"{step['descriptors_after']}; resident {mib(step['resident_mib_before'])} → peak "
                      f"{mib(step['resident_mib_peak'])} → {mib(step['resident_mib_after'])}; "
                      f"violations: {violations(step)}", result))
+    elif kind == "tests":
+        rows.append((step["name"], f"{step['tests']} tests of the suite (listed in the sections above)",
+                     f"{step['failures']} failed", result))
     elif kind == "libfuzzer":
         rows.append((f"libFuzzer {step['target']}", f"{step['seconds']} s, {step['runs']:,} inputs",
                      "no finding" if step["passed"] else "a finding (kept in .build-fuzz/findings)", result))

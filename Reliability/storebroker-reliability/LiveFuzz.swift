@@ -2,8 +2,8 @@ import Foundation
 import TestSupport
 
 /// Mutated frames, seeded from the protocol's test vectors, sent over many raw connections (most after a valid
-/// `hello`, so the message decoders and the session see them, not only the handshake) while a well-behaved
-/// client pings: the daemon must not crash, no ping may fail, and its descriptors and resident memory must come
+/// `hello`, so the message decoders and the session see them, not only the handshake; now and then a client
+/// dies in the middle of a large frame) while a well-behaved client pings: the daemon must not crash, no ping may fail, and its descriptors and resident memory must come
 /// back near their baseline once the fuzzing connections are gone.
 struct LiveFuzzScenario {
     var frames: Int
@@ -56,6 +56,7 @@ struct LiveFuzzScenario {
             return [
                 "scenario": "live-fuzz", "frames": totals.frames, "connections": totals.connections,
                 "closed_by_daemon": totals.closedByDaemon, "answer_bytes": totals.answerBytes,
+                "large_frames_cut": totals.largeFramesCut,
                 "seconds": elapsed, "pings_ok": pings.succeeded, "pings_failed": pings.failed,
                 "descriptors_before": baselineDescriptors, "descriptors_after": descriptors,
                 "resident_mib_before": Double(baselineResident) / 1_048_576,
@@ -141,6 +142,7 @@ struct FuzzWorkers: Sendable {
         var connections = 0
         var closedByDaemon = 0
         var answerBytes = 0
+        var largeFramesCut = 0
     }
 
     func run() async -> Totals {
@@ -170,6 +172,7 @@ struct FuzzWorkers: Sendable {
                 totals.connections += mine.connections
                 totals.closedByDaemon += mine.closedByDaemon
                 totals.answerBytes += mine.answerBytes
+                totals.largeFramesCut += mine.largeFramesCut
                 remaining -= 1
                 return remaining == 0 ? totals : nil
             }
@@ -193,6 +196,16 @@ struct FuzzWorkers: Sendable {
             if Int.random(in: 0..<10, using: &random) < 8 {
                 open = send(fd, hello)
                 totals.answerBytes += drain(fd, &open)
+            }
+            // Now and then a client dies in the middle of a large frame: 1–4 MiB of an 8 MiB request, then gone.
+            if open, Int.random(in: 0..<40, using: &random) == 0 {
+                var header: [UInt8] = [0, 0x80, 0, 0, 0x20, 0, 0, 0, 0, 0, 0, 9]
+                header[4] = seeds.randomElement(using: &random)![4]
+                let cut = Int.random(in: 1...4, using: &random) << 20
+                _ = send(fd, header + [UInt8](repeating: UInt8.random(in: 0...255, using: &random), count: cut))
+                totals.largeFramesCut += 1
+                close(fd)
+                continue
             }
             let count = Int.random(in: 1...40, using: &random)
             for _ in 0..<count where open && totals.frames < frames {
