@@ -386,6 +386,7 @@ final class ManagedStore: Sendable {
                 let atomic = state.engine?.capabilities.contains(.atomic) ?? true
                 let limit = atomic ? max(1, environment.configuration.maxGroupCommit) : 1
                 var group: [PendingWrite] = []
+                group.reserveCapacity(min(limit, state.pending.count))
                 while group.count < limit, let next = state.pending.first {
                     if case .drop = next.kind { break }
                     group.append(state.pending.removeFirst())

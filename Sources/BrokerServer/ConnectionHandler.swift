@@ -303,11 +303,14 @@ private struct IOSnapshot {
 /// first answer of a batch schedules one task on the loop, the others only join it.
 final class AnswerInbox: Sendable {
     typealias Answer = (UInt64, Result<BrokerAnswer, BrokerError>)
-    private let state = Mutex<(answers: [Answer], scheduled: Bool)>(([], false))
+    /// The answers, whether the task is scheduled, and how many the last batch held (the next one starts with
+    /// room for as many: one allocation per batch, not one per doubling).
+    private let state = Mutex<(answers: [Answer], scheduled: Bool, lastCount: Int)>(([], false, 0))
 
     /// Adds an answer; true when the caller must schedule the task that takes them.
     func post(_ slot: UInt64, _ result: Result<BrokerAnswer, BrokerError>) -> Bool {
         state.withLock { state in
+            if state.answers.isEmpty { state.answers.reserveCapacity(state.lastCount) }
             state.answers.append((slot, result))
             defer { state.scheduled = true }
             return !state.scheduled
@@ -317,6 +320,7 @@ final class AnswerInbox: Sendable {
     func takeAll() -> [Answer] {
         state.withLock { state in
             state.scheduled = false
+            state.lastCount = state.answers.count
             defer { state.answers = [] }
             return state.answers
         }
