@@ -19,6 +19,13 @@ final class Broker: @unchecked Sendable {
     }
 
     var pid: pid_t? { process?.pid }
+
+    /// The end of the daemon's log (standard error), for a failure's message; a sanitizer's report from its start.
+    var logTail: String {
+        let text = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
+        if let report = text.range(of: "==ERROR: ") { return String(text[report.lowerBound...].prefix(8_000)) }
+        return String(text.suffix(4_000))
+    }
     var logPath: String { directory + "/daemon-\(starts).log" }
 
     /// Starts the daemon and waits until it answers a ping (at most 60 s).

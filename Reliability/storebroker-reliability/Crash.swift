@@ -26,11 +26,15 @@ struct CrashScenario {
                 let lifetime = Double.random(in: 0.15...0.9, using: &random)
                 lifetimes.append(lifetime)
                 model.beginRound()
-                try await write(to: broker, round: round, for: lifetime, model: model, seed: random.next())
-                let started = Date()
-                try await broker.start()
-                recoveries.append(Date().timeIntervalSince(started))
-                try await verify(broker, round: round, model: model, findings: findings)
+                do {
+                    try await write(to: broker, round: round, for: lifetime, model: model, seed: random.next())
+                    let started = Date()
+                    try await broker.start()
+                    recoveries.append(Date().timeIntervalSince(started))
+                    try await verify(broker, round: round, model: model, findings: findings)
+                } catch {
+                    throw Failure("round \(round + 1): \(error)\nthe daemon's log ends:\n\(broker.logTail)")
+                }
                 log("crash \(engine): round \(round + 1) of \(rounds) checked (\(model.summaryLine))")
             }
             await broker.stop()

@@ -91,7 +91,7 @@ public final class EngineLoader: Sendable {
         var listings: [Listing] = []
         var firstPath: [String: String] = [:]
         for directory in searchPath.directories {
-            for fileName in Self.fileNames(in: directory).sorted() {
+            for fileName in ((try? FileOps.list(directory)) ?? []).sorted() {
                 guard let name = EngineSearchPath.engineName(inFileName: fileName) else { continue }
                 let path = directory + "/" + fileName
                 var info = EngineInfo(
@@ -118,19 +118,6 @@ public final class EngineLoader: Sendable {
             }
         }
         return listings
-    }
-
-    static func fileNames(in directory: String) -> [String] {
-        guard let dir = opendir(directory) else { return [] }
-        defer { closedir(dir) }
-        var names: [String] = []
-        while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-            }
-            names.append(name)
-        }
-        return names
     }
 
     // MARK: Loading one file

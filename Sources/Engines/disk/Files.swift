@@ -106,7 +106,10 @@ enum Files {
         defer { closedir(dir) }
         var names: [String] = []
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            // Only as many bytes as the record holds: `entry.pointee.d_name` would copy all 256, past the end of
+            // the last record in readdir's buffer (AddressSanitizer's heap-buffer-overflow in the full suite).
+            let name = String(cString: (UnsafeRawPointer(entry) + MemoryLayout<dirent>.offset(of: \dirent.d_name)!)
+                .assumingMemoryBound(to: CChar.self))
             if name != ".", name != ".." { names.append(name) }
         }
         return names
