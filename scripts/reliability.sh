@@ -119,24 +119,40 @@ done
 if [ "$mode" = full ]; then
     sanitized() { # NAME SANITIZER FILTER: the tests FILTER selects, built with SANITIZER
         local name="$1" sanitizer="$2" filter="$3" status=0
-        swift build --build-tests --sanitize="$sanitizer" --scratch-path ".build-$sanitizer" >&2
+        # The executables export their symbols, so that engine plugins built with ThreadSanitizer find its
+        # runtime (linked into the executable) when dlopen loads them (undefined symbol __tsan_external_write).
+        swift build --build-tests --sanitize="$sanitizer" --scratch-path ".build-$sanitizer" \
+            -Xlinker --export-dynamic >&2
+        # Every process (the test runner, each daemon and storectl the tests start) writes its reports to a file
+        # of its own under $reports: a daemon's standard error often goes to a log its test removes.
+        local reports="$work/$name-reports"
+        mkdir -p "$reports"
         # Leaks are not reported here (the live fuzz and load steps watch resident memory instead): the daemon
         # keeps caches and engine tables until exit, and LeakSanitizer would turn every clean stop into a failure.
         # A segmentation fault is left to the system: one test makes an engine crash on purpose.
-        ASAN_OPTIONS="detect_leaks=0:handle_segv=0" TSAN_OPTIONS="suppressions=$PWD/Tests/tsan-suppressions.txt" \
+        local options="handle_segv=0:log_path=$reports/report"
+        ASAN_OPTIONS="detect_leaks=0:$options" \
+            TSAN_OPTIONS="suppressions=$PWD/Tests/tsan-suppressions.txt:$options" \
             swift test --skip-build --sanitize="$sanitizer" --scratch-path ".build-$sanitizer" --filter "$filter" \
             >"$work/$name.log" 2>&1 || status=$?
         local summary
         summary="$(grep -E "Test run with [0-9]+ tests" "$work/$name.log" | tail -1 | sed 's/"/\\"/g')"
         local findings
-        findings="$(grep -cE "^(==[0-9]+==ERROR|WARNING: ThreadSanitizer)" "$work/$name.log" || true)"
+        findings="$(cat "$reports"/* 2>/dev/null | grep -cE "^(==[0-9]+==ERROR|WARNING: ThreadSanitizer)" || true)"
+        if [ "$findings" -gt 0 ]; then
+            mkdir -p ".build-$sanitizer/findings"
+            cp "$reports"/* ".build-$sanitizer/findings/"
+            echo "reliability: $name: $findings reports (kept in .build-$sanitizer/findings):" >&2
+            cat "$reports"/* | grep -E "^(==[0-9]+==ERROR|WARNING: ThreadSanitizer|SUMMARY)" | head -10 >&2
+        fi
+        if [ "$status" -ne 0 ]; then grep -E "✘|failed" "$work/$name.log" | head -10 >&2; fi
         printf '{"scenario":"sanitizer","sanitizer":"%s","tests":"%s","summary":"%s","findings":%s,"passed":%s}\n' \
             "$sanitizer" "$filter" "$summary" "$findings" "$([ "$status" -eq 0 ] && [ "$findings" -eq 0 ] && echo true || echo false)"
         [ "$status" -eq 0 ] && [ "$findings" -eq 0 ]
     }
-    step "AddressSanitizer" sanitized asan address "IntegrationTests|BrokerCoreTests|BrokerServerTests|WireTests"
-    # Engine plugins built with ThreadSanitizer cannot be loaded (docs/RELIABILITY.md): the in-process suites.
-    step "ThreadSanitizer" sanitized tsan thread "BrokerCoreTests|BrokerServerTests|WireTests"
+    suites="IntegrationTests|BrokerCoreTests|BrokerServerTests|WireTests"
+    step "AddressSanitizer" sanitized asan address "$suites"
+    step "ThreadSanitizer" sanitized tsan thread "$suites"
 fi
 
 python3 scripts/reliability_table.py "$results" "$mode" "$write"

@@ -1,6 +1,6 @@
+import Locking
 import Logging
 import StoreModel
-import Synchronization
 
 /// How a broker behaves; built by the daemon from its flags (defaults documented in `storebrokerd --help`).
 public struct BrokerConfiguration: Sendable {
@@ -87,9 +87,9 @@ public final class Broker: Sendable {
     public let configuration: BrokerConfiguration
     public let interceptors: [any RequestInterceptor]
     private let environment: StoreEnvironment
-    private let stores = Mutex<[String: ManagedStore]>([:])
+    private let stores = Locked<[String: ManagedStore]>([:])
     /// Set by `shutdown`.
-    private let stopping = Mutex(false)
+    private let stopping = Locked(false)
     private let values: ValueSpace
     private let secureValues: ValueSpace
 

@@ -1,6 +1,6 @@
 import DequeModule
+import Locking
 import Logging
-import Synchronization
 import StoreModel
 
 /// How the broker answers a request: once, from whatever thread finished it.
@@ -47,7 +47,7 @@ struct StoreEnvironment: Sendable {
 final class ManagedStore: Sendable {
     let name: String
     private let environment: StoreEnvironment
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     private enum Phase {
         case unloaded, loading, ready
@@ -84,7 +84,7 @@ final class ManagedStore: Sendable {
         self.environment = environment
         var state = State()
         state.stopping = stopping
-        self.state = Mutex(state)
+        self.state = Locked(state)
     }
 
     private var logger: Logger {

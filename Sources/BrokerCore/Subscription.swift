@@ -1,6 +1,6 @@
 import DequeModule
+import Locking
 import NIOCore
-import Synchronization
 import StoreModel
 
 /// A push as the broadcaster hands it to every subscriber of a commit: made once per commit, with the bytes
@@ -8,7 +8,7 @@ import StoreModel
 /// and that lives in the frame headers, which each connection writes itself).
 public final class SharedPush: Sendable {
     public let push: Push
-    private let encoding = Mutex<ByteBuffer?>(nil)
+    private let encoding = Locked<ByteBuffer?>(nil)
 
     public init(_ push: Push) {
         self.push = push
@@ -39,7 +39,7 @@ public final class Subscription: Sendable {
     public let name: String
     private let capacity: Int
     private let wake: @Sendable () -> Void
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     private struct State {
         var queue = Deque<SharedPush>()
@@ -59,7 +59,7 @@ public final class Subscription: Sendable {
         self.name = name
         self.capacity = max(1, capacity)
         self.wake = wake
-        self.state = Mutex(State())
+        self.state = Locked(State())
     }
 
     /// Queues a push. `force` ignores the bound (the snapshot and the replayed history a subscription starts

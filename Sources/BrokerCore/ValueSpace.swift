@@ -1,7 +1,7 @@
 import DequeModule
+import Locking
 import Logging
 import NIOCore
-import Synchronization
 import StoreModel
 
 /// Encrypts secure values at rest. The daemon implements it with AES-GCM (swift-crypto); `name` is bound to
@@ -23,7 +23,7 @@ final class ValueSpace: Sendable {
     let namespace: Namespace
     private let environment: StoreEnvironment
     private let sealer: (any ValueSealer)?
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     private struct Entry {
         var sequence: UInt64
@@ -63,7 +63,7 @@ final class ValueSpace: Sendable {
         self.namespace = namespace
         self.environment = environment
         self.sealer = sealer
-        self.state = Mutex(State())
+        self.state = Locked(State())
     }
 
     private var isSecure: Bool { namespace == .secureValue }

@@ -1,5 +1,5 @@
 import DequeModule
-import Synchronization
+import Locking
 import StoreModel
 
 // What a store's writer and a value namespace's writer share: failing a load and shutting down.
@@ -34,7 +34,7 @@ extension WriterState {
     var isBusy: Bool { writing || !pending.isEmpty }
 }
 
-extension Mutex where Value: WriterState {
+extension Locked where Value: WriterState {
     /// A failed load: every request waiting for it and every write queued behind it gets the error, and a
     /// shutdown waiting for those writes goes on.
     func failLoad(_ error: BrokerError) {
@@ -115,7 +115,7 @@ final class TaskTracker: Sendable {
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// Runs `body` in a new task, counted until it returns.
     func spawn(_ body: @escaping @Sendable () async -> Void) {

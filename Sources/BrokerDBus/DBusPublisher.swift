@@ -5,8 +5,8 @@ import BrokerCore
 import CDBus
 import DequeModule
 import Foundation
+import Locking
 import Logging
-import Synchronization
 import StoreModel
 
 /// Broadcasts commits as D-Bus signals (dconf's model: the only writer signals names, listeners fetch values).
@@ -67,12 +67,12 @@ public final class DBusPublisher: CommitObserver, Sendable {
 
     private let address: String?
     private let logger: Logger
-    private let shared = Mutex(Shared())
+    private let shared = Locked(Shared())
     /// Wakes the thread: a byte written when the queue goes from empty to not empty, or at stop.
     private let wakeRead: Int32
     private let wakeWrite: Int32
-    private let finished = Mutex<CheckedContinuation<Void, Never>?>(nil)
-    private let done = Mutex(false)
+    private let finished = Locked<CheckedContinuation<Void, Never>?>(nil)
+    private let done = Locked(false)
 
     public init(bus: Bus, logger: Logger) {
         switch bus {

@@ -5,6 +5,7 @@ import BrokerCore
 import BrokerDBus
 import Dispatch
 import EngineLoader
+import Locking
 import Logging
 import NIOCore
 import NIOPosix
@@ -60,7 +61,7 @@ final class RefusingHandler: ChannelInboundHandler {
 final class AcceptTroubleLog: Sendable {
     private let logger: Logger
     private let troubled = Atomic<Bool>(false)
-    private let lastFailure = Mutex<ContinuousClock.Instant>(.now)
+    private let lastFailure = Locked<ContinuousClock.Instant>(.now)
 
     init(logger: Logger) {
         self.logger = logger
@@ -92,7 +93,7 @@ final class DescriptorReserve: Sendable {
         var refuseNext = false
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     init() {
         restore()
@@ -175,8 +176,8 @@ public final class BrokerDaemon: Sendable {
     /// The daemon's services, shut down in reverse order: accepting, the broker, D-Bus, the connections.
     private let group: ServiceGroup
     /// `group.run()`, awaited by `shutdown` (and by `run`): nothing the daemon starts outlives it.
-    private let running: Mutex<Task<Void, Never>?> = Mutex(nil)
-    private let stopped = Mutex<Bool>(false)
+    private let running: Locked<Task<Void, Never>?> = Locked(nil)
+    private let stopped = Locked<Bool>(false)
 
     private init(
         configuration: ServerConfiguration, broker: Broker, logger: Logger, serverChannel: any Channel,

@@ -1,5 +1,6 @@
 import BrokerCore
 import DequeModule
+import Locking
 import Logging
 import NIOCore
 import Synchronization
@@ -305,7 +306,7 @@ final class AnswerInbox: Sendable {
     typealias Answer = (UInt64, Result<BrokerAnswer, BrokerError>)
     /// The answers, whether the task is scheduled, and how many the last batch held (the next one starts with
     /// room for as many: one allocation per batch, not one per doubling).
-    private let state = Mutex<(answers: [Answer], scheduled: Bool, lastCount: Int)>(([], false, 0))
+    private let state = Locked<(answers: [Answer], scheduled: Bool, lastCount: Int)>(([], false, 0))
 
     /// Adds an answer; true when the caller must schedule the task that takes them.
     func post(_ slot: UInt64, _ result: Result<BrokerAnswer, BrokerError>) -> Bool {
@@ -368,7 +369,7 @@ final class ByteBudget: Sendable {
 
 /// The open connections, so shutdown can say goodbye to each.
 final class ConnectionRegistry: Sendable {
-    private let connections = Mutex<[ObjectIdentifier: (any Channel, NIOLoopBound<ConnectionHandler>)]>([:])
+    private let connections = Locked<[ObjectIdentifier: (any Channel, NIOLoopBound<ConnectionHandler>)]>([:])
     private let open = Atomic<Int>(0)
 
     /// Connections accepted and not yet closed (served or being refused).

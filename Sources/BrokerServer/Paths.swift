@@ -2,7 +2,7 @@
 import Glibc
 #endif
 import BrokerCore
-import Synchronization
+import Locking
 import Wire
 
 /// File-system checks and set-up for the daemon's socket and data directory (PRODUCT.md "Interfaces").
@@ -123,7 +123,7 @@ public enum DaemonPaths {
 /// `flock` on the data directory: one daemon per data directory. Held until `release()` (or deinit).
 final class DataDirectoryLock: Sendable {
     private let fd: Int32
-    private let released = Mutex(false)
+    private let released = Locked(false)
 
     init(directory: String) throws(DaemonError) {
         let path = directory + "/.lock"

@@ -1,6 +1,6 @@
 import BrokerCore
 import CStorageEngine
-import Synchronization
+import Locking
 import StoreModel
 
 #if canImport(Glibc)
@@ -20,7 +20,7 @@ import Glibc
 /// are checked before any of them is called. Loads are serialized: a file is loaded at most once.
 public final class EngineLoader: Sendable {
     public let searchPath: EngineSearchPath
-    private let state = Mutex<State>(State())
+    private let state = Locked<State>(State())
 
     private struct State {
         var loaded: [String: LoadedEngine] = [:]

@@ -1,6 +1,6 @@
 import BrokerCore
 import CStorageEngine
-import Synchronization
+import Locking
 import NIOCore
 import StoreModel
 
@@ -155,7 +155,7 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
     let engine: LoadedEngine
     private let handle: OpaquePointer
     /// Held during each call; true once closed.
-    private let closed = Mutex(false)
+    private let closed = Locked(false)
     let openedSequence: UInt64
 
     init(engine: LoadedEngine, handle: OpaquePointer, sequence: UInt64) {

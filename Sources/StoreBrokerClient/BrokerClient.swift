@@ -2,7 +2,7 @@
 import Glibc
 #endif
 import Foundation
-import Synchronization
+import Locking
 import Wire
 
 /// A client of the broker: one connection, opened on first use and opened again after the broker restarts.
@@ -13,7 +13,7 @@ import Wire
 public final class BrokerClient: Sendable {
     public let socketPath: String
     public let clientName: String
-    private let current = Mutex<BrokerConnection?>(nil)
+    private let current = Locked<BrokerConnection?>(nil)
 
     /// `socketPath` defaults to the broker's own rule (`STOREBROKER_SOCKET`, `XDG_RUNTIME_DIR`, `/tmp`).
     public init(socketPath: String = BrokerConnection.defaultSocketPath(), clientName: String = BrokerClient.processName) {
@@ -170,7 +170,7 @@ extension MirrorState {
     var isLoaded: Bool { if case .value = phase { true } else { false } }
 }
 
-extension Mutex where Value: MirrorState {
+extension Locked where Value: MirrorState {
     /// Returns once the first state is loaded; throws what stopped the mirror.
     func waitUntilLoaded() async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in

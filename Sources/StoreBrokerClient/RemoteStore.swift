@@ -1,7 +1,7 @@
 import Foundation
+import Locking
 import NIOCore
 import OrderedStorage
-import Synchronization
 import StoreModel
 
 /// What happened to a `RemoteStore`'s items (Boutique's `StoreEvent`).
@@ -39,8 +39,8 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
     public let name: String
     public let client: BrokerClient
     private let identifier: @Sendable (Item) -> String
-    private let state: Mutex<Mirror>
-    private let follower = Mutex<Task<Void, Never>?>(nil)
+    private let state: Locked<Mirror>
+    private let follower = Locked<Task<Void, Never>?>(nil)
 
     private struct Mirror: MirrorState, @unchecked Sendable {  // OrderedTable of Sendable items, under the lock
         var items = OrderedTable<String, Item>()
@@ -57,7 +57,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
         self.client = client
         self.name = name
         self.identifier = { $0[keyPath: cacheIdentifier] }
-        self.state = Mutex(Mirror())
+        self.state = Locked(Mirror())
         start()
     }
 

@@ -1,6 +1,6 @@
 import Foundation
+import Locking
 import NIOCore
-import Synchronization
 import StoreModel
 
 /// One value (or secure value) of the broker, mirrored locally: what `RemoteValue` and `RemoteSecureValue`
@@ -9,8 +9,8 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
     let client: BrokerClient
     let namespace: Namespace
     let name: String
-    private let state: Mutex<State>
-    private let follower = Mutex<Task<Void, Never>?>(nil)
+    private let state: Locked<State>
+    private let follower = Locked<Task<Void, Never>?>(nil)
 
     private struct State: MirrorState, @unchecked Sendable {  // Value is Sendable; the continuations too
         var value: Value?
@@ -26,7 +26,7 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
         self.client = client
         self.namespace = namespace
         self.name = name
-        self.state = Mutex(State())
+        self.state = Locked(State())
         let follower = SubscriptionFollower(client: client, namespace: namespace, name: name)
         let task = Task { [weak self] in
             self?.state.withLock { $0.phase = .loading }

@@ -1,6 +1,6 @@
 import ArgumentParser
 import Foundation
-import Synchronization
+import Locking
 import StoreBrokerClient
 
 struct Watch: AsyncParsableCommand {
@@ -98,7 +98,7 @@ struct Watch: AsyncParsableCommand {
 
 /// Closes the connection when the first line does not come in time; `fired` tells the caller why it closed.
 private final class Watchdog: Sendable {
-    private let state = Mutex<(armed: Task<Void, Never>?, fired: Bool)>((nil, false))
+    private let state = Locked<(armed: Task<Void, Never>?, fired: Bool)>((nil, false))
 
     var fired: Bool { state.withLock { $0.fired } }
 
