@@ -38,40 +38,39 @@ public final class BrokerConnection: Sendable {
     public static func connect(
         socketPath: String = defaultSocketPath(), clientName: String, timeout: Duration? = nil
     ) async throws(StoreBrokerError) -> BrokerConnection {
-        let channel: any Channel
         let timeAmount = timeout.map(TimeAmount.init)
+        // The handler says hello from the event loop as soon as the socket is connected, and fulfils `established`
+        // with the broker's welcome: no hop through the caller's task between connecting and the hello (a busy
+        // process must not let the broker's handshake timeout run out on a connection it has opened).
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let established = loop.makePromise(of: Established.self)
+        let channel: any Channel
         do {
-            var bootstrap = ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            var bootstrap = ClientBootstrap(group: loop)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(
-                            ClientHandler(clientName: clientName, requestTimeout: timeAmount))
+                            ClientHandler(clientName: clientName, requestTimeout: timeAmount, established: established))
                     }
                 }
             if let timeAmount { bootstrap = bootstrap.connectTimeout(timeAmount) }
             channel = try await bootstrap.connect(unixDomainSocketPath: socketPath).get()
         } catch {
+            established.fail(error)
             throw StoreBrokerError(
                 .cannotConnect, "cannot connect to the broker at \(socketPath): \(Self.describe(error))", underlying: error)
         }
         do {
-            let (welcome, handler) = try await channel.eventLoop.flatSubmit {
-                () -> EventLoopFuture<(ServerMessage.Welcome, NIOLoopBound<ClientHandler>)> in
-                // The broker may have closed the connection already (a refusal, a crash): then the handler may be
-                // gone from the pipeline, and that is an error to report, not a crash.
-                guard let handler = try? channel.pipeline.syncOperations.handler(type: ClientHandler.self) else {
-                    return channel.eventLoop.makeFailedFuture(
-                        StoreBrokerError(.connectionClosed, "the broker closed the connection before the handshake"))
-                }
-                let bound = NIOLoopBound(handler, eventLoop: channel.eventLoop)
-                return handler.handshake().map { ($0, bound) }
-            }.get()
+            let (welcome, handler) = try await established.futureResult.get()
             return BrokerConnection(welcome: welcome, channel: channel, handler: handler)
         } catch {
             try? await channel.close()
             throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
         }
     }
+
+    /// What the handshake gives: the broker's welcome and the handler that serves the connection.
+    typealias Established = (welcome: ServerMessage.Welcome, handler: NIOLoopBound<ClientHandler>)
 
     private static func describe(_ error: any Error) -> String {
         if let error = error as? IOError { return String(cString: strerror(error.errnoCode)) }
@@ -183,7 +182,8 @@ final class ClientHandler: ChannelInboundHandler {
     private var session: ClientSession
     private var input = ByteBuffer()
     private var context: ChannelHandlerContext?
-    private var welcomePromise: EventLoopPromise<ServerMessage.Welcome>?
+    /// Fulfilled by the broker's welcome; failed by anything that ends the connection before it.
+    private var established: EventLoopPromise<BrokerConnection.Established>?
     private var pending: [UInt32: Pending] = [:]
     private var streams: [UInt32: AsyncThrowingStream<Push, any Error>.Continuation] = [:]
     private var nextID: UInt32 = 1
@@ -199,9 +199,10 @@ final class ClientHandler: ChannelInboundHandler {
         case subscribe(EventLoopPromise<BrokerSubscription>)
     }
 
-    init(clientName: String, requestTimeout: TimeAmount?) {
+    init(clientName: String, requestTimeout: TimeAmount?, established: EventLoopPromise<BrokerConnection.Established>) {
         session = ClientSession(clientName: clientName)
         self.requestTimeout = requestTimeout
+        self.established = established
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -211,29 +212,26 @@ final class ClientHandler: ChannelInboundHandler {
     /// The context holds this handler: keeping it past removal would be a cycle that outlives the connection.
     func handlerRemoved(context: ChannelHandlerContext) {
         self.context = nil
+        established?.fail(StoreBrokerError(.connectionClosed, "the broker closed the connection before the handshake"))
+        established = nil
     }
 
-    func handshake() -> EventLoopFuture<ServerMessage.Welcome> {
-        guard let context else { return Self.closed() }
-        let promise = context.eventLoop.makePromise(of: ServerMessage.Welcome.self)
-        if let failure {
-            promise.fail(failure)  // closed before the handshake began
-            return promise.futureResult
-        }
-        welcomePromise = promise
+    /// Connected: says hello at once and, with a timeout, gives the broker that long to welcome us.
+    func channelActive(context: ChannelHandlerContext) {
         do {
             context.writeAndFlush(wrapOutboundOut(try session.hello()), promise: nil)
         } catch {
-            promise.fail(StoreBrokerError(.protocolViolation, error.message))
+            fail(StoreBrokerError(.protocolViolation, error.message))
+            context.close(promise: nil)
         }
         if let requestTimeout {
             let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
             context.eventLoop.scheduleTask(in: requestTimeout) {
-                guard loop.value.welcomePromise != nil else { return }
+                guard loop.value.established != nil else { return }
                 loop.value.timedOut("the broker did not answer the handshake within \(Self.describe(requestTimeout))")
             }
         }
-        return promise.futureResult
+        context.fireChannelActive()
     }
 
     static func describe(_ time: TimeAmount) -> String {
@@ -308,10 +306,10 @@ final class ClientHandler: ChannelInboundHandler {
         while let event = session.next(from: &input) {
             switch event {
             case .established(let welcome):
-                welcomePromise?.succeed(welcome)
-                welcomePromise = nil
+                established?.succeed((welcome, NIOLoopBound(self, eventLoop: context.eventLoop)))
+                established = nil
             case .failed(let error):
-                fail(StoreBrokerError(welcomePromise == nil ? .protocolViolation : .refused, code: error.code, error.message))
+                fail(StoreBrokerError(established == nil ? .protocolViolation : .refused, code: error.code, error.message))
                 context.close(promise: nil)
                 return
             case .message(let id, let message):
@@ -359,8 +357,8 @@ final class ClientHandler: ChannelInboundHandler {
         timer?.cancel()
         timer = nil
         unanswered.removeAll()
-        welcomePromise?.fail(error)
-        welcomePromise = nil
+        established?.fail(error)
+        established = nil
         let entries = pending
         pending = [:]
         for entry in entries.values {
