@@ -13,12 +13,26 @@ import Wire
 public final class BrokerClient: Sendable {
     public let socketPath: String
     public let clientName: String
+    /// How long connecting (and the handshake) may take, and how long a mirror that has not loaded yet keeps
+    /// trying before its `loadState` says `.error(cannotConnect)` (it keeps trying after that, in the background).
+    public let connectTimeout: Duration
+    /// How many events (a store's) or values a stream holds for a reader that has not taken them; past that a
+    /// store's stream lags (`lagged`, then a fresh `loaded`) and a value's keeps the newest.
+    public let eventBuffer: Int
     private let current = Locked<BrokerConnection?>(nil)
 
+    /// The client of the default socket, for the property wrappers' defaults (`@StoredValue(key:)`).
+    public static let shared = BrokerClient()
+
     /// `socketPath` defaults to the broker's own rule (`STOREBROKER_SOCKET`, `XDG_RUNTIME_DIR`, `/tmp`).
-    public init(socketPath: String = BrokerConnection.defaultSocketPath(), clientName: String = BrokerClient.processName) {
+    public init(
+        socketPath: String = BrokerConnection.defaultSocketPath(), clientName: String = BrokerClient.processName,
+        connectTimeout: Duration = .seconds(5), eventBuffer: Int = 1024
+    ) {
         self.socketPath = socketPath
         self.clientName = clientName
+        self.connectTimeout = connectTimeout
+        self.eventBuffer = eventBuffer
     }
 
     /// This process's name, for the broker's logs.
@@ -29,7 +43,8 @@ public final class BrokerClient: Sendable {
     /// The open connection, connecting (again) if needed.
     public func connection() async throws(StoreBrokerError) -> BrokerConnection {
         if let open = current.withLock({ $0 }), open.isOpen { return open }
-        let fresh = try await BrokerConnection.connect(socketPath: socketPath, clientName: clientName)
+        let fresh = try await BrokerConnection.connect(
+            socketPath: socketPath, clientName: clientName, handshakeTimeout: connectTimeout)
         let kept = current.withLock { current -> BrokerConnection in
             if let other = current, other.isOpen { return other }
             current = fresh
@@ -72,146 +87,4 @@ extension StoreBrokerError {
     public var isConflict: Bool { kind == .refused && code == .conflict }
     /// The broker could not be reached or went away.
     public var isUnavailable: Bool { kind == .cannotConnect || kind == .connectionClosed }
-}
-
-/// Follows one subscription for as long as its owner lives: reconnects with a capped backoff when the broker
-/// goes away, resumes from the last point the owner has seen (or a fresh snapshot when the broker says the
-/// history is gone), and starts over after `lagged`.
-struct SubscriptionFollower: Sendable {
-    let client: BrokerClient
-    let namespace: Namespace
-    let name: String
-
-    /// Runs until cancelled or until `handle` throws something other than a lost connection (returned).
-    /// `resumePoint` is asked before each (re)subscription.
-    func run(
-        resumePoint: @Sendable () -> SubscriptionStart,
-        handle: @Sendable (Push) async throws -> Void
-    ) async -> (any Error)? {
-        var backoff: Duration = .milliseconds(20)
-        while !Task.isCancelled {
-            do {
-                let connection = try await client.connection()
-                for try await push in connection.follow(namespace, name: name, from: resumePoint()) {
-                    backoff = .milliseconds(20)
-                    try await handle(push)
-                }
-                // It ends without an error only if the subscription did: subscribe again from where we are.
-            } catch let error as StoreBrokerError where error.isUnavailable {
-                try? await Task.sleep(for: backoff)
-                backoff = min(backoff * 2, .seconds(1))
-            } catch is CancellationError {
-                return nil
-            } catch {
-                return error
-            }
-        }
-        return nil
-    }
-}
-
-/// Callers waiting for a mirror to reach a write's (epoch, sequence).
-struct SequenceWaiters {
-    private var waiting: [(epoch: UInt64, sequence: UInt64, continuation: CheckedContinuation<Void, Never>)] = []
-    /// Every epoch the mirror has been at: a write's epoch that came and went (the store was dropped since)
-    /// releases its waiters.
-    private var seen: Set<UInt64> = []
-
-    func isReached(epoch: UInt64, sequence: UInt64, mirror: (epoch: UInt64, sequence: UInt64)) -> Bool {
-        (mirror.epoch == epoch && mirror.sequence >= sequence) || (seen.contains(epoch) && mirror.epoch != epoch)
-    }
-
-    /// Registers a waiter, or returns `false` when the mirror is already there.
-    mutating func wait(
-        epoch: UInt64, sequence: UInt64, mirror: (epoch: UInt64, sequence: UInt64),
-        _ continuation: CheckedContinuation<Void, Never>
-    ) -> Bool {
-        guard !isReached(epoch: epoch, sequence: sequence, mirror: mirror) else { return false }
-        waiting.append((epoch, sequence, continuation))
-        return true
-    }
-
-    /// The waiters the mirror's new position releases.
-    mutating func advance(to mirror: (epoch: UInt64, sequence: UInt64)) -> [CheckedContinuation<Void, Never>] {
-        seen.insert(mirror.epoch)
-        var released: [CheckedContinuation<Void, Never>] = []
-        var still: [(epoch: UInt64, sequence: UInt64, continuation: CheckedContinuation<Void, Never>)] = []
-        for entry in waiting {
-            if isReached(epoch: entry.epoch, sequence: entry.sequence, mirror: mirror) {
-                released.append(entry.continuation)
-            } else {
-                still.append(entry)
-            }
-        }
-        waiting = still
-        return released
-    }
-
-    /// Everyone, when the mirror stops for good.
-    mutating func releaseAll() -> [CheckedContinuation<Void, Never>] {
-        defer { waiting = [] }
-        return waiting.map(\.continuation)
-    }
-}
-
-/// The part of a mirror's locked state (a store's, a value's) that loading, waiting and stopping share.
-protocol MirrorState {
-    associatedtype Update: Sendable
-    var phase: LoadState<Void> { get set }
-    var epoch: UInt64 { get }
-    var sequence: UInt64 { get }
-    var loadWaiters: [CheckedContinuation<Void, any Error>] { get set }
-    var sequenceWaiters: SequenceWaiters { get set }
-    var streams: [UUID: AsyncStream<Update>.Continuation] { get set }
-}
-
-extension MirrorState {
-    var position: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
-    var isLoaded: Bool { if case .value = phase { true } else { false } }
-}
-
-extension Locked where Value: MirrorState {
-    /// Returns once the first state is loaded; throws what stopped the mirror.
-    func waitUntilLoaded() async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            let now: Result<Void, any Error>? = withLock { state in
-                switch state.phase {
-                case .value: return .success(())
-                case .error(let error): return .failure(error)
-                case .idle, .loading:
-                    state.loadWaiters.append(continuation)
-                    return nil
-                }
-            }
-            if let now { continuation.resume(with: now) }
-        }
-    }
-
-    /// Returns once the mirror holds the commit at (epoch, sequence), or has stopped.
-    func waitUntilReached(epoch: UInt64, sequence: UInt64) async {
-        await withCheckedContinuation { continuation in
-            let waiting = withLock { state in
-                if case .error = state.phase { return false }
-                return state.sequenceWaiters.wait(
-                    epoch: epoch, sequence: sequence, mirror: state.position, continuation)
-            }
-            if !waiting { continuation.resume() }
-        }
-    }
-
-    /// The mirror stops for good: waiters are released (load waiters with the error), streams end.
-    func stop(with error: any Error) {
-        let failure = error as? StoreBrokerError ?? StoreBrokerError(.protocolViolation, "\(error)", underlying: error)
-        let (loaded, released, streams) = withLock { state in
-            state.phase = .error(failure)
-            defer {
-                state.loadWaiters = []
-                state.streams = [:]
-            }
-            return (state.loadWaiters, state.sequenceWaiters.releaseAll(), Array(state.streams.values))
-        }
-        for waiter in loaded { waiter.resume(throwing: error) }
-        for waiter in released { waiter.resume() }
-        for stream in streams { stream.finish() }
-    }
 }

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Locking
 import NIOCore
 import NIOPosix
 import Wire
@@ -34,11 +35,18 @@ public final class BrokerConnection: Sendable {
 
     /// Connects and does the handshake. With a `timeout`, connecting, the handshake and then each request
     /// must finish within it, or fail with `timedOut` (the connection is then closed: answers come in order, so
-    /// a late one cannot be told apart). Subscriptions' pushes are never timed: a watcher may wait for hours.
+    /// a late one cannot be told apart). `handshakeTimeout` bounds connecting and the handshake alone (it
+    /// defaults to `timeout`). Subscriptions' pushes are never timed: a watcher may wait for hours.
+    ///
+    /// Each subscription buffers at most `pushBuffer` pushes its reader has not taken; past that it ends with
+    /// `lagged` at the last push buffered (the broker is told to stop sending), as the broker does with its own
+    /// slow subscribers: a reader that stops reading costs bounded memory. `follow(...)` resumes from there.
     public static func connect(
-        socketPath: String = defaultSocketPath(), clientName: String, timeout: Duration? = nil
+        socketPath: String = defaultSocketPath(), clientName: String, timeout: Duration? = nil,
+        handshakeTimeout: Duration? = nil, pushBuffer: Int = 1024
     ) async throws(StoreBrokerError) -> BrokerConnection {
         let timeAmount = timeout.map(TimeAmount.init)
+        let handshakeTime = (handshakeTimeout ?? timeout).map(TimeAmount.init)
         // The handler says hello from the event loop as soon as the socket is connected, and fulfils `established`
         // with the broker's welcome: no hop through the caller's task between connecting and the hello (a busy
         // process must not let the broker's handshake timeout run out on a connection it has opened).
@@ -50,10 +58,12 @@ public final class BrokerConnection: Sendable {
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(
-                            ClientHandler(clientName: clientName, requestTimeout: timeAmount, established: established))
+                            ClientHandler(
+                                clientName: clientName, requestTimeout: timeAmount, handshakeTimeout: handshakeTime,
+                                pushBuffer: pushBuffer, established: established))
                     }
                 }
-            if let timeAmount { bootstrap = bootstrap.connectTimeout(timeAmount) }
+            if let handshakeTime { bootstrap = bootstrap.connectTimeout(handshakeTime) }
             channel = try await bootstrap.connect(unixDomainSocketPath: socketPath).get()
         } catch {
             established.fail(error)
@@ -122,34 +132,37 @@ public final class BrokerConnection: Sendable {
     /// Follows a store or value on this connection for as long as the stream is read: every push in order
     /// (`lagged` included, as a notice), and after `lagged` a new subscription resumes from the point it names,
     /// so the caller sees one gap-free stream. It throws when the connection closes; it never reconnects
-    /// (`BrokerClient`'s followers do).
+    /// (`BrokerClient`'s followers do). A reader that stops reading holds up the relay, whose subscription then
+    /// lags: memory stays bounded and nothing is skipped.
     public func follow(
         _ namespace: Namespace = .store, name: String, from start: SubscriptionStart = .snapshot
-    ) -> AsyncThrowingStream<Push, any Error> {
-        AsyncThrowingStream { continuation in
-            let task = Task {
-                var start = start
-                do {
-                    while !Task.isCancelled {
-                        let subscription = try await self.subscribe(namespace, name: name, from: start)
-                        var resume: SubscriptionStart?
-                        for try await push in subscription.pushes {
-                            continuation.yield(push)
-                            if case .lagged(let at) = push {
-                                resume = .resume(epoch: at.epoch, sequence: at.sequence)
-                            }
+    ) -> BoundedStream<Push, StoreBrokerError> {
+        let task = Locked<Task<Void, Never>?>(nil)
+        let (stream, feed) = BoundedStream<Push, StoreBrokerError>.make(capacity: 64) { task.withLock { $0?.cancel() } }
+        let relay = Task {
+            var start = start
+            do throws(StoreBrokerError) {
+                while !Task.isCancelled {
+                    let subscription = try await self.subscribe(namespace, name: name, from: start)
+                    var resume: SubscriptionStart?
+                    for try await push in subscription.pushes {
+                        guard await feed.send(push) else {
+                            try? await self.unsubscribe(subscription)
+                            return
                         }
-                        // A subscription's stream ends without an error only after `lagged`.
-                        guard let resume else { break }
-                        start = resume
+                        if case .lagged(let at) = push { resume = .resume(epoch: at.epoch, sequence: at.sequence) }
                     }
-                    continuation.finish()
-                } catch {
-                    continuation.finish(throwing: error)
+                    // A subscription's stream ends without an error only after `lagged`.
+                    guard let resume else { break }
+                    start = resume
                 }
+                feed.finish()
+            } catch {
+                feed.finish(throwing: error)
             }
-            continuation.onTermination = { _ in task.cancel() }
         }
+        task.withLock { $0 = relay }
+        return stream
     }
 
     /// Ends a subscription; its stream finishes.
@@ -171,7 +184,7 @@ public final class BrokerConnection: Sendable {
 /// stream ends after `lagged` (the subscription is over) and throws when the connection closes.
 public struct BrokerSubscription: Sendable {
     public let id: UInt32
-    public let pushes: AsyncThrowingStream<Push, any Error>
+    public let pushes: BoundedStream<Push, StoreBrokerError>
 }
 
 /// The connection's protocol state, on its event loop.
@@ -185,10 +198,14 @@ final class ClientHandler: ChannelInboundHandler {
     /// Fulfilled by the broker's welcome; failed by anything that ends the connection before it.
     private var established: EventLoopPromise<BrokerConnection.Established>?
     private var pending: [UInt32: Pending] = [:]
-    private var streams: [UInt32: AsyncThrowingStream<Push, any Error>.Continuation] = [:]
+    private var streams: [UInt32: BoundedStream<Push, StoreBrokerError>.Feed] = [:]
+    /// Each subscription's last push buffered that carries a position: where it resumes if it lags.
+    private var lastPositions: [UInt32: Position] = [:]
+    private let pushBuffer: Int
     private var nextID: UInt32 = 1
     private var failure: StoreBrokerError?
     private let requestTimeout: TimeAmount?
+    private let handshakeTimeout: TimeAmount?
     /// With a timeout: the unanswered requests, oldest first (answers come in request order), and the one timer
     /// that watches the oldest.
     private var unanswered = CircularBuffer<(id: UInt32, sent: NIODeadline, name: String)>()
@@ -199,9 +216,14 @@ final class ClientHandler: ChannelInboundHandler {
         case subscribe(EventLoopPromise<BrokerSubscription>)
     }
 
-    init(clientName: String, requestTimeout: TimeAmount?, established: EventLoopPromise<BrokerConnection.Established>) {
+    init(
+        clientName: String, requestTimeout: TimeAmount?, handshakeTimeout: TimeAmount?, pushBuffer: Int,
+        established: EventLoopPromise<BrokerConnection.Established>
+    ) {
+        self.pushBuffer = pushBuffer
         session = ClientSession(clientName: clientName)
         self.requestTimeout = requestTimeout
+        self.handshakeTimeout = handshakeTimeout
         self.established = established
     }
 
@@ -224,11 +246,11 @@ final class ClientHandler: ChannelInboundHandler {
             fail(StoreBrokerError(.protocolViolation, error.message))
             context.close(promise: nil)
         }
-        if let requestTimeout {
+        if let handshakeTimeout {
             let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
-            context.eventLoop.scheduleTask(in: requestTimeout) {
+            context.eventLoop.scheduleTask(in: handshakeTimeout) {
                 guard loop.value.established != nil else { return }
-                loop.value.timedOut("the broker did not answer the handshake within \(Self.describe(requestTimeout))")
+                loop.value.timedOut("the broker did not answer the handshake within \(Self.describe(handshakeTimeout))")
             }
         }
         context.fireChannelActive()
@@ -325,9 +347,18 @@ final class ClientHandler: ChannelInboundHandler {
                 fail(StoreBrokerError(.connectionClosed, code: goodbye.code, "the broker said goodbye: \(goodbye.message)"))
                 return
             }
-            guard let push = Push(message) else { return }
-            streams[id]?.yield(push)
-            if case .lagged = push { finishStream(id, error: nil) }
+            guard let push = Push(message), let feed = streams[id] else { return }
+            if feed.yield(push) {
+                if case .lagged = push { return finishStream(id, error: nil) }
+                if let position = push.position { lastPositions[id] = position }
+            } else {
+                // Its reader is that far behind: it lags here, as the broker's own slow subscribers do.
+                let at = lastPositions[id] ?? Position(epoch: 0, sequence: 0)
+                feed.yieldPastCapacity(.lagged(at))
+                finishStream(id, error: nil)
+                // Nobody waits for the answer: the broker drops what it still sends for this subscription.
+                _ = send(.unsubscribe(.init(subscriptionID: id)))
+            }
             return
         }
         guard let entry = pending.removeValue(forKey: id) else { return }
@@ -340,15 +371,16 @@ final class ClientHandler: ChannelInboundHandler {
         case (.request(let promise), _):
             promise.succeed(message)
         case (.subscribe(let promise), .subscribed(let subscribed)):
-            let (stream, continuation) = AsyncThrowingStream.makeStream(of: Push.self)
-            streams[subscribed.subscriptionID] = continuation
+            let (stream, feed) = BoundedStream<Push, StoreBrokerError>.make(capacity: pushBuffer)
+            streams[subscribed.subscriptionID] = feed
             promise.succeed(BrokerSubscription(id: subscribed.subscriptionID, pushes: stream))
         case (.subscribe(let promise), _):
             promise.fail(StoreBrokerError(.protocolViolation, "subscribe was answered with \(message.type.name)"))
         }
     }
 
-    func finishStream(_ id: UInt32, error: (any Error)?) {
+    func finishStream(_ id: UInt32, error: StoreBrokerError?) {
+        lastPositions[id] = nil
         streams.removeValue(forKey: id)?.finish(throwing: error)
     }
 
@@ -369,7 +401,8 @@ final class ClientHandler: ChannelInboundHandler {
         }
         let all = streams
         streams = [:]
-        for continuation in all.values { continuation.finish(throwing: error) }
+        lastPositions = [:]
+        for feed in all.values { feed.finish(throwing: error) }
     }
 
     func channelInactive(context: ChannelHandlerContext) {

@@ -1,6 +1,7 @@
 import Foundation
 import Locking
 import NIOCore
+import Observation
 import OrderedStorage
 import StoreModel
 
@@ -9,12 +10,15 @@ public struct StoreEvent<Item: Sendable>: Sendable {
     public enum Operation: Hashable, Sendable {
         /// The stream started; nothing is loaded yet (`items` is empty).
         case initialized
-        /// The items as loaded (first load, or a fresh snapshot after the broker lost this client's history).
+        /// The items as loaded (first load, after the broker lost this client's history, or after `lagged`).
         case loaded
         /// Items inserted or replaced.
         case insert
         /// Items removed (a `removeAll` removes every item; a dropped store removes what it held).
         case remove
+        /// This stream's reader fell more than the client's `eventBuffer` events behind: the events it had not
+        /// read are gone, and a `loaded` with every item (at `sequence`) follows. Other streams are unaffected.
+        case lagged
     }
 
     public var operation: Operation
@@ -27,32 +31,49 @@ public struct StoreEvent<Item: Sendable>: Sendable {
 ///
 /// `items` is a local mirror kept current by a subscription; writes go to the broker, which is their only
 /// writer, and return once the mirror has caught up with them, so a process reads its own writes. Items are
-/// JSON (`JSONEncoder`); `cacheIdentifier` gives each its id.
+/// JSON (`JSONEncoder`); `cacheIdentifier` gives each its id. `items`, `loadState` and `sequence` are
+/// observable (the Observation framework: `withObservationTracking`, SwiftUI).
 ///
 /// ```swift
-/// let notes = RemoteStore<Note>(client: client, name: "notes")
+/// let notes = try await RemoteStore<Note>(client: client, loading: "notes")   // returns once loaded
 /// try await notes.insert(Note(id: "1", text: "milk"))
-/// try await notes.removeAll().insert(fresh).run()     // one atomic commit
+/// try await notes.chain().removeAll().insert(fresh).run()                     // one atomic commit
 /// for await event in notes.events { ... }
 /// ```
-public final class RemoteStore<Item: Codable & Sendable>: Sendable {
+public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     public let name: String
     public let client: BrokerClient
     private let identifier: @Sendable (Item) -> String
     private let state: Locked<Mirror>
     private let follower = Locked<Task<Void, Never>?>(nil)
+    private let registrar = ObservationRegistrar()
 
     private struct Mirror: MirrorState, @unchecked Sendable {  // OrderedTable of Sendable items, under the lock
-        var items = OrderedTable<String, Item>()
+        var table = OrderedTable<String, Item>()
+        /// `table` as an array, made when first asked for after a change (so an event costs what it changes).
+        var array: [Item]?
         var phase: LoadState<Void> = .idle
         var epoch: UInt64 = 0
         var sequence: UInt64 = 0
-        var loadWaiters: [CheckedContinuation<Void, any Error>] = []
-        var sequenceWaiters = SequenceWaiters()
-        var streams: [UUID: AsyncStream<StoreEvent<Item>>.Continuation] = [:]
+        var waiters = MirrorWaiters()
+        var streams: [UInt64: BoundedStream<StoreEvent<Item>, Never>.Feed] = [:]
+        var nextStream: UInt64 = 0
+
+        mutating func items() -> [Item] {
+            if let array { return array }
+            var out: [Item] = []
+            out.reserveCapacity(table.count)
+            table.forEach { _, item in
+                out.append(item)
+                return true
+            }
+            array = out
+            return out
+        }
     }
 
-    /// A store whose items are identified by `cacheIdentifier`. Starts following the broker at once.
+    /// A store whose items are identified by `cacheIdentifier`. Starts following the broker at once; `items`
+    /// is empty until it has loaded (`itemsHaveLoaded()`, `loadState`).
     public init(client: BrokerClient, name: String, cacheIdentifier: KeyPath<Item, String> & Sendable) {
         self.client = client
         self.name = name
@@ -61,68 +82,101 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
         start()
     }
 
+    /// A store whose items are identified by `cacheIdentifier`, returned once its items have loaded; throws
+    /// `cannotConnect` when the broker cannot be reached within the client's `connectTimeout`.
+    public convenience init(
+        client: BrokerClient, loading name: String, cacheIdentifier: KeyPath<Item, String> & Sendable
+    ) async throws(StoreBrokerError) {
+        self.init(client: client, name: name, cacheIdentifier: cacheIdentifier)
+        do throws(StoreBrokerError) {
+            try await itemsHaveLoaded()
+        } catch {
+            close()
+            throw error
+        }
+    }
+
     deinit {
         follower.withLock { $0?.cancel() }
     }
 
-    /// Stops following the broker; `items` keeps its last state.
+    /// Stops following the broker: `items` keeps its last state, streams end, and whoever waits (for the load,
+    /// for a sequence) gets `closed`.
     public func close() {
         follower.withLock { $0?.cancel() }
+        registrar.withMutation(of: self, keyPath: \.loadState) {
+            state.stop(with: StoreBrokerError(.closed, "store \(name) was closed"))
+        }
     }
 
     // MARK: Reading
 
     /// The items, in the store's order, as of the last event received.
     public var items: [Item] {
-        state.withLock { mirror in
-            var out: [Item] = []
-            out.reserveCapacity(mirror.items.count)
-            mirror.items.forEach { _, item in
-                out.append(item)
-                return true
-            }
-            return out
-        }
+        registrar.access(self, keyPath: \.items)
+        return state.withLock { $0.items() }
     }
 
-    /// Idle, loading, loaded (the items), or the error that stopped the mirror.
+    /// The item with this id, if the mirror holds one.
+    public func item(id: String) -> Item? {
+        registrar.access(self, keyPath: \.items)
+        return state.withLock { $0.table.value(for: id) }
+    }
+
+    /// The store's sequence as of the last event received (0 before the first load): the commit `items` is at,
+    /// and what a conditional write expects (`insert(_:expecting:)`).
+    public var sequence: UInt64 {
+        registrar.access(self, keyPath: \.sequence)
+        return state.withLock { $0.sequence }
+    }
+
+    /// Idle, loading, loaded (the items), or the error that stopped the mirror, or `cannotConnect` while the
+    /// broker is out of reach before the first load (the mirror keeps trying: it becomes `.value` once it loads).
     public var loadState: LoadState<[Item]> {
-        switch state.withLock({ $0.phase }) {
-        case .idle: .idle
-        case .loading: .loading
-        case .value: .value(items)
-        case .error(let error): .error(error)
+        registrar.access(self, keyPath: \.loadState)
+        return state.withLock { mirror in
+            switch mirror.phase {
+            case .idle: .idle
+            case .loading: .loading
+            case .value: .value(mirror.items())
+            case .error(let error): .error(error)
+            }
         }
     }
 
-    /// Returns once the first snapshot is loaded; throws what stopped the mirror (an undecodable item, say).
-    public func itemsHaveLoaded() async throws { try await state.waitUntilLoaded() }
+    /// Returns once the first snapshot is loaded. Throws what stopped the mirror (an undecodable item, say),
+    /// `cannotConnect` when the broker cannot be reached within the client's `connectTimeout` (the mirror keeps
+    /// trying in the background), `cancelled` when the task is cancelled, `closed` after `close()`.
+    public func itemsHaveLoaded() async throws(StoreBrokerError) {
+        try await state.waitUntilLoaded("store \(name) to load")
+    }
+
+    /// Returns once this mirror has seen the store's commit `sequence` (another process's write, say), under
+    /// the same rules as `itemsHaveLoaded()`.
+    public func waitUntilSeen(sequence: UInt64) async throws(StoreBrokerError) {
+        try await state.waitUntilReached("store \(name) to reach sequence \(sequence)", epoch: nil, sequence: sequence)
+    }
 
     /// Every change from now on: `initialized`, then `loaded` (at once if already loaded), then one event per
-    /// step of each commit. A stream ends when the store is closed.
-    public var events: AsyncStream<StoreEvent<Item>> {
-        let (stream, continuation) = AsyncStream.makeStream(of: StoreEvent<Item>.self)
-        let key = UUID()
-        continuation.yield(StoreEvent(operation: .initialized, items: [], sequence: 0))
-        state.withLock { mirror in
-            if mirror.isLoaded {
-                continuation.yield(StoreEvent(operation: .loaded, items: Self.all(mirror.items), sequence: mirror.sequence))
-            }
-            mirror.streams[key] = continuation
+    /// step of each commit. A stream ends when the store is closed. A reader more than the client's
+    /// `eventBuffer` events behind gets `lagged` and a fresh `loaded` instead of what it missed.
+    public var events: BoundedStream<StoreEvent<Item>, Never> {
+        let key = state.withLock { mirror -> UInt64 in
+            mirror.nextStream += 1
+            return mirror.nextStream
         }
-        continuation.onTermination = { [weak self] _ in
+        let (stream, feed) = BoundedStream<StoreEvent<Item>, Never>.make(capacity: client.eventBuffer) { [weak self] in
             _ = self?.state.withLock { $0.streams.removeValue(forKey: key) }
         }
-        return stream
-    }
-
-    private static func all(_ table: OrderedTable<String, Item>) -> [Item] {
-        var out: [Item] = []
-        table.forEach { _, item in
-            out.append(item)
-            return true
+        feed.yield(StoreEvent(operation: .initialized, items: [], sequence: 0))
+        state.withLock { mirror in
+            if mirror.isLoaded {
+                feed.yield(StoreEvent(operation: .loaded, items: mirror.items(), sequence: mirror.sequence))
+            }
+            if !mirror.isStopped { mirror.streams[key] = feed }
         }
-        return out
+        if state.withLock({ $0.isStopped }) { feed.finish() }
+        return stream
     }
 
     // MARK: Following the broker
@@ -134,8 +188,13 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
             self?.state.withLock { $0.phase = .loading }
             let failure = await follower.run(
                 resumePoint: { [weak self] in self?.resumePoint() ?? .snapshot },
-                handle: { [weak self] push in try self?.apply(push) })
-            if let failure { self?.state.stop(with: failure) }
+                unavailable: { [weak self] error in
+                    guard let self else { return }
+                    registrar.withMutation(of: self, keyPath: \.loadState) { state.unavailable(error) }
+                },
+                handle: { [weak self] push throws(StoreBrokerError) in try self?.apply(push) })
+            guard let self, let failure else { return }
+            registrar.withMutation(of: self, keyPath: \.loadState) { state.stop(with: failure) }
         }
         self.follower.withLock { $0 = task }
     }
@@ -144,7 +203,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
         state.withLock { mirror in mirror.isLoaded ? .resume(epoch: mirror.epoch, sequence: mirror.sequence) : .snapshot }
     }
 
-    private func decode(_ record: ItemRecord) throws -> Item {
+    private func decode(_ record: ItemRecord) throws(StoreBrokerError) -> Item {
         do {
             return try JSONDecoder().decode(Item.self, from: Data(record.payload.bytes.readableBytesView))
         } catch {
@@ -154,81 +213,117 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
         }
     }
 
-    private func apply(_ push: Push) throws {
+    /// Applies a push to the mirror, under the lock, in O(items it changes); then tells the streams and
+    /// releases the waiters, outside it.
+    private func apply(_ push: Push) throws(StoreBrokerError) {
         var events: [StoreEvent<Item>] = []
-        var released: [CheckedContinuation<Void, Never>] = []
-        var loaded: [CheckedContinuation<Void, any Error>] = []
-        var streams: [AsyncStream<StoreEvent<Item>>.Continuation] = []
+        var released: [MirrorWaiters.Continuation] = []
+        var streams: [BoundedStream<StoreEvent<Item>, Never>.Feed] = []
         switch push {
         case .storeLoaded(let at, let records):
             var table = OrderedTable<String, Item>()
             for record in records { table.put(record.id.string, try decode(record)) }
-            let items = Self.all(table)
-            state.withLock { mirror in
-                mirror.items = table
+            mutate(loadState: true) { mirror in
+                mirror.table = table
+                mirror.array = nil
                 mirror.epoch = at.epoch
                 mirror.sequence = at.sequence
                 mirror.phase = .value(())
-                loaded = mirror.loadWaiters
-                mirror.loadWaiters = []
-                released = mirror.sequenceWaiters.advance(to: mirror.position)
+                released = mirror.waiters.takeLoads() + mirror.waiters.advance(to: mirror.position)
                 streams = Array(mirror.streams.values)
+                events = [StoreEvent(operation: .loaded, items: mirror.items(), sequence: at.sequence)]
             }
-            events = [StoreEvent(operation: .loaded, items: items, sequence: at.sequence)]
         case .storeEvent(let event):
-            var decoded: [(EventStep, [Item])] = []
+            var decoded: [[Item]] = []
             for step in event.steps {
-                if case .insert(let records) = step { decoded.append((step, try records.map(decode))) } else { decoded.append((step, [])) }
+                if case .insert(let records) = step {
+                    var items: [Item] = []
+                    items.reserveCapacity(records.count)
+                    for record in records { items.append(try decode(record)) }
+                    decoded.append(items)
+                } else {
+                    decoded.append([])
+                }
             }
-            state.withLock { mirror in
-                for (step, items) in decoded {
+            mutate(loadState: false) { mirror in
+                for (step, items) in zip(event.steps, decoded) {
                     switch step {
                     case .insert(let records):
-                        for (record, item) in zip(records, items) { mirror.items.put(record.id.string, item) }
+                        for (record, item) in zip(records, items) { mirror.table.put(record.id.string, item) }
                         events.append(StoreEvent(operation: .insert, items: items, sequence: event.sequence))
                     case .remove(let ids):
-                        let removed = ids.compactMap { mirror.items.remove($0.string) }
+                        let removed = ids.compactMap { mirror.table.remove($0.string) }
                         events.append(StoreEvent(operation: .remove, items: removed, sequence: event.sequence))
                     }
                 }
+                mirror.array = nil
                 mirror.epoch = event.epoch
                 mirror.sequence = event.sequence
-                released = mirror.sequenceWaiters.advance(to: mirror.position)
+                released = mirror.waiters.advance(to: mirror.position)
                 streams = Array(mirror.streams.values)
             }
         case .dropped:
-            state.withLock { mirror in
-                let removed = Self.all(mirror.items)
-                mirror.items = OrderedTable()
+            mutate(loadState: false) { mirror in
+                let removed = mirror.items()
+                mirror.table = OrderedTable()
+                mirror.array = nil
                 mirror.epoch = 0
                 mirror.sequence = 0
-                released = mirror.sequenceWaiters.advance(to: mirror.position)
+                released = mirror.waiters.advance(to: mirror.position)
                 streams = Array(mirror.streams.values)
                 events = [StoreEvent(operation: .remove, items: removed, sequence: 0)]
             }
         default:
-            break  // historyGone (a snapshot follows), lagged (the follower subscribes again)
+            return  // historyGone (a snapshot follows), lagged (the follower subscribes again)
         }
-        for continuation in streams {
-            for event in events { continuation.yield(event) }
+        for feed in streams {
+            for event in events where !feed.yield(event) {
+                lag(feed)
+                break
+            }
         }
-        for waiter in loaded { waiter.resume() }
-        for waiter in released { waiter.resume() }
+        for waiter in released { waiter.resume(returning: .success(())) }
+    }
+
+    /// A stream whose reader is `eventBuffer` events behind: what it has not read is replaced by `lagged` and
+    /// the items as they are now (this commit included: no later event is in its place yet).
+    private func lag(_ feed: BoundedStream<StoreEvent<Item>, Never>.Feed) {
+        let (items, at) = state.withLock { ($0.items(), $0.sequence) }
+        feed.replaceUnread(with: [
+            StoreEvent(operation: .lagged, items: [], sequence: at),
+            StoreEvent(operation: .loaded, items: items, sequence: at),
+        ])
+    }
+
+    /// Changes the mirror under the lock, telling observers of `items` and `sequence` (and `loadState`).
+    private func mutate(loadState: Bool, _ change: (inout Mirror) -> Void) {
+        registrar.willSet(self, keyPath: \.items)
+        registrar.willSet(self, keyPath: \.sequence)
+        if loadState { registrar.willSet(self, keyPath: \.loadState) }
+        state.withLock { change(&$0) }
+        if loadState { registrar.didSet(self, keyPath: \.loadState) }
+        registrar.didSet(self, keyPath: \.sequence)
+        registrar.didSet(self, keyPath: \.items)
     }
 
     // MARK: Writing
 
-    private func payload(_ item: Item) throws -> StoreModel.Item {
+    private func payload(_ item: Item) throws(StoreBrokerError) -> StoreModel.Item {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
-        return StoreModel.Item(id: ItemID(identifier(item)), payload: Payload(ByteBuffer(bytes: try encoder.encode(item))))
+        do {
+            return StoreModel.Item(id: ItemID(identifier(item)), payload: Payload(ByteBuffer(bytes: try encoder.encode(item))))
+        } catch {
+            throw StoreBrokerError(.cannotEncode, "an item for store \(name) cannot be encoded: \(error)", underlying: error)
+        }
     }
 
-    /// Sends a write; returns once the mirror has the commit (or the mirror stopped).
-    fileprivate func write(_ steps: [ChainStep], condition: Condition = .unconditional) async throws {
+    /// Sends a write; returns the store's sequence after it once the mirror has the commit (or has stopped, or
+    /// lost the broker: the write is committed all the same).
+    fileprivate func write(_ steps: [ChainStep], expecting: UInt64?) async throws(StoreBrokerError) -> UInt64 {
         let operation: WriteOperation
         switch steps.count {
-        case 0: return
+        case 0: return sequence
         case 1:
             switch steps[0] {
             case .insert(let items): operation = .insert(items)
@@ -237,78 +332,102 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable {
             }
         default: operation = .chain(steps)
         }
+        let condition: Condition = expecting.map { .sequence($0) } ?? .unconditional
         let result = try await client.connection().write(name, operation, condition: condition)
-        guard result.committed else { return }
-        await state.waitUntilReached(epoch: result.epoch, sequence: result.sequence)
+        guard result.committed else { return result.sequence }
+        try? await state.waitUntilReached("store \(name) to show a write", epoch: result.epoch, sequence: result.sequence)
+        return result.sequence
     }
 
-    /// Inserts an item, or replaces the one with its id in place.
-    public func insert(_ item: Item) async throws { try await write([.insert(items: [try payload(item)])]) }
+    /// Inserts an item, or replaces the one with its id in place. With `expecting`, only if the store's
+    /// sequence is still that (else `refused` with code `conflict`: `error.isConflict`). Returns the store's
+    /// sequence after the write.
+    @discardableResult
+    public func insert(_ item: Item, expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
+        try await write([.insert(items: [try payload(item)])], expecting: sequence)
+    }
 
     /// Inserts items in one commit (the first occurrence of an id fixes its position, the last one wins).
-    public func insert(_ items: [Item]) async throws {
-        guard !items.isEmpty else { return }
-        try await write([.insert(items: try items.map(payload))])
+    @discardableResult
+    public func insert(_ items: [Item], expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
+        var records: [StoreModel.Item] = []
+        records.reserveCapacity(items.count)
+        for item in items { records.append(try payload(item)) }
+        return try await write(records.isEmpty ? [] : [.insert(items: records)], expecting: sequence)
     }
 
-    public func remove(_ item: Item) async throws { try await remove(id: identifier(item)) }
-
-    public func remove(_ items: [Item]) async throws { try await remove(ids: items.map(identifier)) }
-
-    public func remove(id: String) async throws { try await remove(ids: [id]) }
-
-    public func remove(ids: [String]) async throws {
-        guard !ids.isEmpty else { return }
-        try await write([.remove(ids: ids.map { ItemID($0) })])
+    @discardableResult
+    public func remove(_ item: Item, expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
+        try await remove(ids: [identifier(item)], expecting: sequence)
     }
 
-    public func removeAll() async throws { try await write([.removeAll]) }
+    @discardableResult
+    public func remove(_ items: [Item], expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
+        try await remove(ids: items.map(identifier), expecting: sequence)
+    }
+
+    @discardableResult
+    public func remove(id: String, expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
+        try await remove(ids: [id], expecting: sequence)
+    }
+
+    @discardableResult
+    public func remove(ids: [String], expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
+        try await write(ids.isEmpty ? [] : [.remove(ids: ids.map { ItemID($0) })], expecting: sequence)
+    }
+
+    @discardableResult
+    public func removeAll(expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
+        try await write([.removeAll], expecting: sequence)
+    }
 
     // MARK: Chains
 
-    /// Steps committed together by `run()`: one atomic commit, never seen half done by anyone.
-    public struct Operation: Sendable {
+    /// The start of a chain: steps committed together by `run()`, one atomic commit that nobody sees half done.
+    ///
+    /// ```swift
+    /// try await notes.chain().removeAll().insert(fresh).run()
+    /// ```
+    public func chain() -> Chain { Chain(store: self) }
+
+    /// Steps committed together by `run()`. Nothing is sent until then.
+    public struct Chain: Sendable {
         fileprivate let store: RemoteStore
         fileprivate var steps: [ChainStep] = []
 
-        public func insert(_ item: Item) throws -> Operation { try insert([item]) }
+        public func insert(_ item: Item) throws(StoreBrokerError) -> Chain { try insert([item]) }
 
-        public func insert(_ items: [Item]) throws -> Operation {
+        public func insert(_ items: [Item]) throws(StoreBrokerError) -> Chain {
             var next = self
-            next.steps.append(.insert(items: try items.map(store.payload)))
+            var records: [StoreModel.Item] = []
+            for item in items { records.append(try store.payload(item)) }
+            next.steps.append(.insert(items: records))
             return next
         }
 
-        public func remove(_ item: Item) -> Operation { remove(ids: [store.identifier(item)]) }
-        public func remove(_ items: [Item]) -> Operation { remove(ids: items.map(store.identifier)) }
-        public func remove(id: String) -> Operation { remove(ids: [id]) }
+        public func remove(_ item: Item) -> Chain { remove(ids: [store.identifier(item)]) }
+        public func remove(_ items: [Item]) -> Chain { remove(ids: items.map(store.identifier)) }
+        public func remove(id: String) -> Chain { remove(ids: [id]) }
 
-        public func remove(ids: [String]) -> Operation {
+        public func remove(ids: [String]) -> Chain {
             var next = self
             next.steps.append(.remove(ids: ids.map { ItemID($0) }))
             return next
         }
 
-        public func removeAll() -> Operation {
+        public func removeAll() -> Chain {
             var next = self
             next.steps.append(.removeAll)
             return next
         }
 
-        /// Commits every step at once. Nothing happens until it is called.
-        public func run() async throws { try await store.write(steps) }
+        /// Commits every step at once (with `expecting`, only if the store is still at that sequence); returns
+        /// the store's sequence after it.
+        @discardableResult
+        public func run(expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
+            try await store.write(steps, expecting: sequence)
+        }
     }
-
-    // The start of a chain: `try await store.removeAll().insert(items).run()`. These share their names with the
-    // methods that write at once; they are disfavored, so `try await store.insert(item)` always writes, and a
-    // chain is only what is followed by another step or `run()`.
-    @_disfavoredOverload public func removeAll() -> Operation { Operation(store: self).removeAll() }
-    @_disfavoredOverload public func insert(_ item: Item) throws -> Operation { try Operation(store: self).insert(item) }
-    @_disfavoredOverload public func insert(_ items: [Item]) throws -> Operation { try Operation(store: self).insert(items) }
-    @_disfavoredOverload public func remove(_ item: Item) -> Operation { Operation(store: self).remove(item) }
-    @_disfavoredOverload public func remove(_ items: [Item]) -> Operation { Operation(store: self).remove(items) }
-    @_disfavoredOverload public func remove(id: String) -> Operation { Operation(store: self).remove(id: id) }
-    @_disfavoredOverload public func remove(ids: [String]) -> Operation { Operation(store: self).remove(ids: ids) }
 }
 
 extension RemoteStore where Item: Identifiable, Item.ID == String {
@@ -316,11 +435,21 @@ extension RemoteStore where Item: Identifiable, Item.ID == String {
     public convenience init(client: BrokerClient, name: String) {
         self.init(client: client, name: name, cacheIdentifier: \Item.id)
     }
+
+    /// A store of `Identifiable` items with `String` ids, returned once loaded.
+    public convenience init(client: BrokerClient, loading name: String) async throws(StoreBrokerError) {
+        try await self.init(client: client, loading: name, cacheIdentifier: \Item.id)
+    }
 }
 
 extension RemoteStore where Item: Identifiable, Item.ID == UUID {
     /// A store of `Identifiable` items with `UUID` ids (stored as their `uuidString`).
     public convenience init(client: BrokerClient, name: String) {
         self.init(client: client, name: name, cacheIdentifier: \Item.id.uuidString)
+    }
+
+    /// A store of `Identifiable` items with `UUID` ids, returned once loaded.
+    public convenience init(client: BrokerClient, loading name: String) async throws(StoreBrokerError) {
+        try await self.init(client: client, loading: name, cacheIdentifier: \Item.id.uuidString)
     }
 }

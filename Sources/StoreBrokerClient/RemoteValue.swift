@@ -1,26 +1,31 @@
 import Foundation
 import Locking
 import NIOCore
+import Observation
 import StoreModel
 
 /// One value (or secure value) of the broker, mirrored locally: what `RemoteValue` and `RemoteSecureValue`
-/// are made of.
-final class ValueMirror<Value: Codable & Sendable>: Sendable {
+/// are made of. Observable: reading `current`, `sequence` or `phase` in `withObservationTracking` (or a
+/// SwiftUI body, through the public classes) tracks them.
+final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
     let client: BrokerClient
     let namespace: Namespace
     let name: String
     private let state: Locked<State>
     private let follower = Locked<Task<Void, Never>?>(nil)
+    private let registrar = ObservationRegistrar()
 
     private struct State: MirrorState, @unchecked Sendable {  // Value is Sendable; the continuations too
         var value: Value?
         var phase: LoadState<Void> = .idle
         var epoch: UInt64 = 0
         var sequence: UInt64 = 0
-        var loadWaiters: [CheckedContinuation<Void, any Error>] = []
-        var sequenceWaiters = SequenceWaiters()
-        var streams: [UUID: AsyncStream<Value?>.Continuation] = [:]
+        var waiters = MirrorWaiters()
+        var streams: [UInt64: BoundedStream<Value?, Never>.Feed] = [:]
+        var nextStream: UInt64 = 0
     }
+
+    private var what: String { namespace == .secureValue ? "secure value \(name)" : "value \(name)" }
 
     init(client: BrokerClient, namespace: Namespace, name: String) {
         self.client = client
@@ -32,48 +37,75 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
             self?.state.withLock { $0.phase = .loading }
             let failure = await follower.run(
                 resumePoint: { [weak self] in self?.resumePoint() ?? .snapshot },
-                handle: { [weak self] push in try await self?.apply(push) })
-            if let failure { self?.state.stop(with: failure) }
+                unavailable: { [weak self] error in
+                    guard let self else { return }
+                    registrar.withMutation(of: self, keyPath: \.phase) { state.unavailable(error) }
+                },
+                handle: { [weak self] push throws(StoreBrokerError) in try await self?.apply(push) })
+            guard let self, let failure else { return }
+            registrar.withMutation(of: self, keyPath: \.phase) { state.stop(with: failure) }
         }
         self.follower.withLock { $0 = task }
     }
 
-    deinit { close() }
+    deinit { follower.withLock { $0?.cancel() } }
 
-    func close() { follower.withLock { $0?.cancel() } }
+    func close() {
+        follower.withLock { $0?.cancel() }
+        registrar.withMutation(of: self, keyPath: \.phase) {
+            state.stop(with: StoreBrokerError(.closed, "\(what) was closed"))
+        }
+    }
 
-    var current: Value? { state.withLock { $0.value } }
+    var current: Value? {
+        registrar.access(self, keyPath: \.current)
+        return state.withLock { $0.value }
+    }
+
+    var sequence: UInt64 {
+        registrar.access(self, keyPath: \.sequence)
+        return state.withLock { $0.sequence }
+    }
+
+    var phase: LoadState<Void> {
+        registrar.access(self, keyPath: \.phase)
+        return state.withLock { $0.phase }
+    }
 
     private func resumePoint() -> SubscriptionStart {
         state.withLock { $0.isLoaded ? .resume(epoch: $0.epoch, sequence: $0.sequence) : .snapshot }
     }
 
-    static func decode(_ payload: Payload, name: String) throws -> Value {
+    func decode(_ payload: Payload) throws(StoreBrokerError) -> Value {
         do {
             return try JSONDecoder().decode(Value.self, from: Data(payload.bytes.readableBytesView))
         } catch {
-            throw StoreBrokerError(.cannotDecode, "value \(name) cannot be decoded: \(error)", underlying: error)
+            throw StoreBrokerError(.cannotDecode, "\(what) cannot be decoded: \(error)", underlying: error)
         }
     }
 
-    static func encode(_ value: Value) throws -> Payload {
+    func encode(_ value: Value) throws(StoreBrokerError) -> Payload {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
-        return Payload(ByteBuffer(bytes: try encoder.encode(value)))
+        do {
+            return Payload(ByteBuffer(bytes: try encoder.encode(value)))
+        } catch {
+            throw StoreBrokerError(.cannotEncode, "a new state of \(what) cannot be encoded: \(error)", underlying: error)
+        }
     }
 
     /// The broker's current state of the value, fetched.
-    func fetch() async throws -> (epoch: UInt64, sequence: UInt64, value: Value?) {
+    func fetch() async throws(StoreBrokerError) -> (epoch: UInt64, sequence: UInt64, value: Value?) {
         let result = try await client.connection().value(name, in: namespace)
         let at = result.position
         switch result.value {
-        case .set(let payload): return (at.epoch, at.sequence, try Self.decode(payload, name: name))
+        case .set(let payload): return (at.epoch, at.sequence, try decode(payload))
         case .unset: return (at.epoch, at.sequence, nil)
         case .setWithheld: throw StoreBrokerError(.protocolViolation, "getValue was answered without the value")
         }
     }
 
-    private func apply(_ push: Push) async throws {
+    private func apply(_ push: Push) async throws(StoreBrokerError) {
         let message: (epoch: UInt64, sequence: UInt64, state: ValueState)
         switch push {
         case .valueLoaded(let at, let state), .valueEvent(let at, let state): message = (at.epoch, at.sequence, state)
@@ -81,59 +113,77 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
         }
         var update: (epoch: UInt64, sequence: UInt64, value: Value?)
         switch message.state {
-        case .set(let payload): update = (message.epoch, message.sequence, try Self.decode(payload, name: name))
+        case .set(let payload): update = (message.epoch, message.sequence, try decode(payload))
         case .unset: update = (message.epoch, message.sequence, nil)
         case .setWithheld:
             // A secure value never travels in a push: fetch it (this process is the daemon's user).
             update = try await fetch()
             update.sequence = max(update.sequence, message.sequence)
         }
-        let (released, loaded, streams) = state.withLock { state in
+        let loading = !state.withLock { $0.isLoaded }
+        registrar.willSet(self, keyPath: \.current)
+        registrar.willSet(self, keyPath: \.sequence)
+        if loading { registrar.willSet(self, keyPath: \.phase) }
+        let (released, streams) = state.withLock { state in
             state.value = update.value
             state.epoch = update.epoch
             state.sequence = update.sequence
             state.phase = .value(())
-            defer { state.loadWaiters = [] }
-            return (state.sequenceWaiters.advance(to: state.position), state.loadWaiters, Array(state.streams.values))
+            return (state.waiters.takeLoads() + state.waiters.advance(to: state.position), Array(state.streams.values))
         }
-        for stream in streams { stream.yield(update.value) }
-        for waiter in loaded { waiter.resume() }
-        for waiter in released { waiter.resume() }
+        if loading { registrar.didSet(self, keyPath: \.phase) }
+        registrar.didSet(self, keyPath: \.sequence)
+        registrar.didSet(self, keyPath: \.current)
+        // A reader that is behind gets the newest state in place of what it has not read: a value's history
+        // is not what anyone waits for, its state is.
+        for stream in streams where !stream.yield(update.value) { stream.replaceUnread(with: [update.value]) }
+        for waiter in released { waiter.resume(returning: .success(())) }
     }
 
-    func hasLoaded() async throws { try await state.waitUntilLoaded() }
+    func hasLoaded() async throws(StoreBrokerError) { try await state.waitUntilLoaded("\(what) to load") }
+
+    func waitUntilSeen(sequence: UInt64) async throws(StoreBrokerError) {
+        try await state.waitUntilReached("\(what) to reach sequence \(sequence)", epoch: nil, sequence: sequence)
+    }
 
     /// The value now (once loaded), then every change.
-    func stream() -> AsyncStream<Value?> {
-        let (stream, continuation) = AsyncStream.makeStream(of: Value?.self)
-        let key = UUID()
-        state.withLock { state in
-            if state.isLoaded { continuation.yield(state.value) }
-            state.streams[key] = continuation
+    func stream() -> BoundedStream<Value?, Never> {
+        let key = state.withLock { state -> UInt64 in
+            state.nextStream += 1
+            return state.nextStream
         }
-        continuation.onTermination = { [weak self] _ in
+        let (stream, feed) = BoundedStream<Value?, Never>.make(capacity: client.eventBuffer) { [weak self] in
             _ = self?.state.withLock { $0.streams.removeValue(forKey: key) }
         }
+        let stopped = state.withLock { state -> Bool in
+            if state.isLoaded { feed.yield(state.value) }
+            if !state.isStopped { state.streams[key] = feed }
+            return state.isStopped
+        }
+        if stopped { feed.finish() }
         return stream
     }
 
-    /// Sets (or with `nil` resets) the value under `condition`; returns once the mirror has the change.
-    func write(_ value: Value?, condition: Condition = .unconditional) async throws {
-        let payload = try value.map(Self.encode)
+    /// Sets (or with `nil` resets) the value under `condition`; returns its sequence once the mirror has the
+    /// change (or has stopped, or lost the broker: the write is committed all the same).
+    @discardableResult
+    func write(_ value: Value?, condition: Condition = .unconditional) async throws(StoreBrokerError) -> UInt64 {
+        let payload = try value.map(encode)
         let result = try await client.connection().setValue(name, in: namespace, to: payload, condition: condition)
-        guard result.committed else { return }
-        await state.waitUntilReached(epoch: result.epoch, sequence: result.sequence)
+        guard result.committed else { return result.sequence }
+        try? await state.waitUntilReached("\(what) to show a write", epoch: result.epoch, sequence: result.sequence)
+        return result.sequence
     }
 
     /// Read, transform, write only if nobody wrote in between; again until that holds. Two processes
     /// updating at once both get their change in.
-    func compareAndSet(_ transform: (Value?) throws -> Value?) async throws {
+    func compareAndSet(_ transform: (Value?) -> Value?) async throws(StoreBrokerError) {
         while true {
             let (_, sequence, current) = try await fetch()
-            do {
-                try await write(try transform(current), condition: .sequence(sequence))
+            do throws(StoreBrokerError) {
+                try await write(transform(current), condition: .sequence(sequence))
                 return
-            } catch let error as StoreBrokerError where error.isConflict {
+            } catch where error.isConflict {
                 continue
             }
         }
@@ -141,7 +191,8 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable {
 }
 
 /// A value shared by every process (Boutique's `@StoredValue`): a default, `set`, `reset`, a stream of values,
-/// and read-modify-write helpers that lose no update when several processes write at once.
+/// and read-modify-write helpers that lose no update when several processes write at once. `value`,
+/// `sequence` and `loadState` are observable (the Observation framework).
 ///
 /// ```swift
 /// let darkMode = RemoteValue(client: client, key: "dark-mode", default: false)
@@ -153,67 +204,99 @@ public final class RemoteValue<Value: Codable & Sendable>: Sendable {
     public let defaultValue: Value
     private let mirror: ValueMirror<Value>
 
+    /// Starts following the value at once; `value` is the default until it has loaded.
     public init(client: BrokerClient, key: String, default defaultValue: Value) {
         self.key = key
         self.defaultValue = defaultValue
         self.mirror = ValueMirror(client: client, namespace: .value, name: key)
     }
 
-    /// The value as last received, or the default when it is not set.
-    public var value: Value { mirror.current ?? defaultValue }
-
-    /// Returns once the value has been received.
-    public func valueHasLoaded() async throws { try await mirror.hasLoaded() }
-
-    /// The value now, then every change (the default when it is reset).
-    public var values: AsyncStream<Value> {
-        let defaultValue = defaultValue
-        let source = mirror.stream()
-        return AsyncStream { continuation in
-            let task = Task {
-                for await value in source { continuation.yield(value ?? defaultValue) }
-                continuation.finish()
-            }
-            continuation.onTermination = { _ in task.cancel() }
+    /// Returns once the value has loaded; throws `cannotConnect` when the broker cannot be reached within the
+    /// client's `connectTimeout`.
+    public convenience init(client: BrokerClient, loading key: String, default defaultValue: Value) async throws(StoreBrokerError) {
+        self.init(client: client, key: key, default: defaultValue)
+        do throws(StoreBrokerError) {
+            try await valueHasLoaded()
+        } catch {
+            close()
+            throw error
         }
     }
 
-    public func set(_ value: Value) async throws { try await mirror.write(value) }
+    /// The value as last received, or the default when it is not set.
+    public var value: Value { mirror.current ?? defaultValue }
+
+    /// The value's sequence as last received: its commit, the one to wait for (`waitUntilSeen`) or expect
+    /// (`set(_:expecting:)`).
+    public var sequence: UInt64 { mirror.sequence }
+
+    /// Idle, loading, loaded (the value), or the error that stopped the mirror (`cannotConnect` while the broker
+    /// is out of reach before the first load: the mirror keeps trying).
+    public var loadState: LoadState<Value> {
+        switch mirror.phase {
+        case .idle: .idle
+        case .loading: .loading
+        case .value: .value(value)
+        case .error(let error): .error(error)
+        }
+    }
+
+    /// Returns once the value has been received; throws as `RemoteStore.itemsHaveLoaded()` does.
+    public func valueHasLoaded() async throws(StoreBrokerError) { try await mirror.hasLoaded() }
+
+    /// Returns once this mirror has seen the value's commit `sequence` (another process's write, say).
+    public func waitUntilSeen(sequence: UInt64) async throws(StoreBrokerError) {
+        try await mirror.waitUntilSeen(sequence: sequence)
+    }
+
+    /// The value now, then every change (the default when it is reset). A reader that falls the client's
+    /// `eventBuffer` values behind skips to the newest.
+    public var values: AsyncMapSequence<BoundedStream<Value?, Never>, Value> {
+        let defaultValue = defaultValue
+        return mirror.stream().map { $0 ?? defaultValue }
+    }
+
+    /// Sets it; with `expecting`, only if its sequence is still that (else `refused` with code `conflict`).
+    /// Returns its sequence after the write.
+    @discardableResult
+    public func set(_ value: Value, expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
+        try await mirror.write(value, condition: sequence.map { .sequence($0) } ?? .unconditional)
+    }
 
     /// Unsets it: `value` is the default again.
-    public func reset() async throws { try await mirror.write(nil) }
+    public func reset() async throws(StoreBrokerError) { try await mirror.write(nil) }
 
     /// Replaces the value with `transform(value)` as one compare-and-set: retried if another process wrote in
     /// between, so no update is lost.
-    public func update(_ transform: (Value) throws -> Value) async throws {
+    public func update(_ transform: (Value) -> Value) async throws(StoreBrokerError) {
         let defaultValue = defaultValue
-        try await mirror.compareAndSet { try transform($0 ?? defaultValue) }
+        try await mirror.compareAndSet { transform($0 ?? defaultValue) }
     }
 
-    /// Stops following the broker.
+    /// Stops following the broker (waiters get `closed`).
     public func close() { mirror.close() }
 }
 
 extension RemoteValue where Value == Bool {
     /// Flips it, as one compare-and-set.
-    public func toggle() async throws { try await update { !$0 } }
+    public func toggle() async throws(StoreBrokerError) { try await update { !$0 } }
 }
 
 extension RemoteValue {
     /// Appends an element to an array value, as one compare-and-set.
-    public func append<Element>(_ element: Element) async throws where Value == [Element] {
+    public func append<Element>(_ element: Element) async throws(StoreBrokerError) where Value == [Element] {
         try await update { $0 + [element] }
     }
 
     /// Removes the element if the array holds it, else appends it, as one compare-and-set.
-    public func togglePresence<Element: Equatable>(_ element: Element) async throws where Value == [Element] {
+    public func togglePresence<Element: Equatable>(_ element: Element) async throws(StoreBrokerError) where Value == [Element] {
         try await update { array in
             array.contains(element) ? array.filter { $0 != element } : array + [element]
         }
     }
 
     /// Sets (or with `nil` removes) one key of a dictionary value, as one compare-and-set.
-    public func update<Key, Element>(key: Key, value: Element?) async throws where Value == [Key: Element] {
+    public func update<Key, Element>(key: Key, value: Element?) async throws(StoreBrokerError) where Value == [Key: Element] {
         try await update { dictionary in
             var copy = dictionary
             copy[key] = value
@@ -223,7 +306,7 @@ extension RemoteValue {
 }
 
 /// A secure value (Boutique's `@SecurelyStoredValue`): encrypted at rest by the broker, readable only by the
-/// daemon's own user; `nil` when not set, and setting `nil` removes it.
+/// daemon's own user; `nil` when not set, and setting `nil` removes it. Observable as `RemoteValue` is.
 public final class RemoteSecureValue<Value: Codable & Sendable>: Sendable {
     public let key: String
     private let mirror: ValueMirror<Value>
@@ -233,17 +316,44 @@ public final class RemoteSecureValue<Value: Codable & Sendable>: Sendable {
         self.mirror = ValueMirror(client: client, namespace: .secureValue, name: key)
     }
 
+    /// Returns once the value has loaded.
+    public convenience init(client: BrokerClient, loading key: String) async throws(StoreBrokerError) {
+        self.init(client: client, key: key)
+        do throws(StoreBrokerError) {
+            try await valueHasLoaded()
+        } catch {
+            close()
+            throw error
+        }
+    }
+
     public var value: Value? { mirror.current }
 
-    public func valueHasLoaded() async throws { try await mirror.hasLoaded() }
+    public var sequence: UInt64 { mirror.sequence }
 
-    /// The value now, then every change.
-    public var values: AsyncStream<Value?> { mirror.stream() }
+    public var loadState: LoadState<Value?> {
+        switch mirror.phase {
+        case .idle: .idle
+        case .loading: .loading
+        case .value: .value(value)
+        case .error(let error): .error(error)
+        }
+    }
+
+    public func valueHasLoaded() async throws(StoreBrokerError) { try await mirror.hasLoaded() }
+
+    public func waitUntilSeen(sequence: UInt64) async throws(StoreBrokerError) {
+        try await mirror.waitUntilSeen(sequence: sequence)
+    }
+
+    /// The value now, then every change (the newest, for a reader that falls behind).
+    public var values: BoundedStream<Value?, Never> { mirror.stream() }
 
     /// Sets it; `nil` removes it.
-    public func set(_ value: Value?) async throws { try await mirror.write(value) }
+    @discardableResult
+    public func set(_ value: Value?) async throws(StoreBrokerError) -> UInt64 { try await mirror.write(value) }
 
-    public func reset() async throws { try await mirror.write(nil) }
+    public func reset() async throws(StoreBrokerError) { try await mirror.write(nil) }
 
     public func close() { mirror.close() }
 }

@@ -17,6 +17,13 @@ public struct StoreBrokerError: LayerError, Sendable {
         case timedOut
         /// An item or value the broker holds does not decode as the application's type (`underlying` says why).
         case cannotDecode
+        /// An item or value could not be encoded as JSON (`underlying` says why); nothing was sent.
+        case cannotEncode
+        /// The task waiting was cancelled (typed throws cannot throw `CancellationError`); a write already sent
+        /// may still be committed.
+        case cancelled
+        /// The mirror (`RemoteStore`, `RemoteValue`, ...) was closed by its owner.
+        case closed
     }
 
     public var kind: Kind

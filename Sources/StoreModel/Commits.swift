@@ -64,3 +64,15 @@ public enum Push: Sendable {
     /// The store was dropped (at this position); the subscription goes on with its re-creation.
     case dropped(Position)
 }
+
+extension Push {
+    /// The position a reader that has taken this push is at: where it resumes. `nil` for the notices that move
+    /// it nowhere (`historyGone`: a snapshot follows; `lagged`).
+    public var position: Position? {
+        switch self {
+        case .storeLoaded(let at, _), .valueLoaded(let at, _), .valueEvent(let at, _), .dropped(let at): at
+        case .storeEvent(let commit): commit.position
+        case .historyGone, .lagged: nil
+        }
+    }
+}

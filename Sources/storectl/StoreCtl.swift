@@ -116,7 +116,8 @@ struct Failure: LayerError {
         switch error.kind {
         case .cannotConnect, .connectionClosed, .timedOut: code = Self.unavailable
         case .protocolViolation: code = Self.protocolError
-        case .cannotDecode: code = Self.badInput
+        case .cannotDecode, .cannotEncode: code = Self.badInput
+        case .cancelled, .closed: code = Self.software  // storectl neither cancels nor closes mirrors
         case .refused:
             switch error.code ?? .internalError {
             case .invalidName, .invalidID, .itemTooLarge, .batchTooLarge, .invalidRequest: code = Self.badInput

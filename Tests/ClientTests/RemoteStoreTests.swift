@@ -26,7 +26,7 @@ private final class EventLog: Sendable {
     private let collected = Collected<String>()
     private let task: Task<Void, Never>
 
-    init<Item: Sendable>(_ events: AsyncStream<StoreEvent<Item>>, id: @escaping @Sendable (Item) -> String) {
+    init<Item: Sendable>(_ events: BoundedStream<StoreEvent<Item>, Never>, id: @escaping @Sendable (Item) -> String) {
         let collected = collected
         task = Task {
             for await event in events { collected.append("\(event.operation):\(event.items.map(id).joined(separator: ","))") }
@@ -79,12 +79,12 @@ private final class EventLog: Sendable {
             let store = RemoteStore<Note>(client: client, name: "notes")
             try await store.insert([note("x"), note("y")])
             let log = EventLog(store.events, id: \.id)
-            try await store.removeAll().insert([note("a"), note("b")]).run()
+            try await store.chain().removeAll().insert([note("a"), note("b")]).run()
             #expect(store.items.map(\.id) == ["a", "b"])
-            try await store.remove(note("a")).insert(note("c")).run()
+            try await store.chain().remove(note("a")).insert(note("c")).run()
             #expect(store.items.map(\.id) == ["b", "c"])
             // Nothing happens without run().
-            let unrun: RemoteStore<Note>.Operation = store.removeAll()
+            let unrun = store.chain().removeAll()
             _ = unrun
             #expect(store.items.count == 2)
             #expect(await log.waitFor(count: 6))

@@ -39,13 +39,12 @@ enum NotesDemo {
         switch mode {
         case "watcher":
             // Prints "ready" once loaded, then one line per event; exits after `count` insert or remove events.
-            let notes = RemoteStore<Note>(client: client, name: "notes")
-            try await notes.itemsHaveLoaded()
+            let notes = try await RemoteStore<Note>(client: client, loading: "notes")
             say("ready: \(notes.items.count) notes")
             var seen = 0
             for await event in notes.events {
                 switch event.operation {
-                case .initialized, .loaded: continue
+                case .initialized, .loaded, .lagged: continue
                 case .insert: say("insert \(event.items.map { "\($0.id)=\($0.text)\($0.done ? " (done)" : "")" }.joined(separator: ", "))")
                 case .remove: say("remove \(event.items.map(\.id).joined(separator: ", "))")
                 }
@@ -63,7 +62,7 @@ enum NotesDemo {
             try await notes.insert(Note(id: "1", text: "note 1", done: true))  // replaced in place
             try await notes.remove(id: "2")
             // One atomic commit: every watcher sees both steps of it, or neither.
-            try await notes.remove(id: "3").insert(Note(id: "\(count + 1)", text: "added with a chain")).run()
+            try await notes.chain().remove(id: "3").insert(Note(id: "\(count + 1)", text: "added with a chain")).run()
             say("wrote: \(notes.items.map(\.text).joined(separator: " | "))")
 
         case "toggle":

@@ -1,0 +1,181 @@
+import Locking
+import NIOCore
+
+/// An asynchronous sequence with a bounded buffer: what the library hands out for events, values and pushes,
+/// so that a consumer that stops reading costs at most `capacity` elements, never the process's memory.
+///
+/// The producer (the library) decides what a full buffer means: a store's events lag explicitly (`lagged`,
+/// then a fresh `loaded`), a value keeps its newest state, a subscription's pushes end with `lagged` and the
+/// library subscribes again from there. Iterating it twice shares the elements (one consumer is the intent).
+public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, Sendable {
+    private let consumer: Consumer
+
+    /// Makes the stream and the feed that fills it; `onTermination` runs once, when the stream finishes or its
+    /// consumer is gone.
+    static func make(
+        capacity: Int, onTermination: @escaping @Sendable () -> Void = {}
+    ) -> (stream: BoundedStream, feed: Feed) {
+        let storage = Storage(capacity: capacity, onTermination: onTermination)
+        return (BoundedStream(consumer: Consumer(storage)), Feed(storage: storage))
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(consumer: consumer) }
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        fileprivate let consumer: Consumer
+
+        public mutating func next() async throws(Failure) -> Element? {
+            try await consumer.storage.next()
+        }
+
+        public mutating func next(isolation actor: isolated (any Actor)?) async throws(Failure) -> Element? {
+            try await consumer.storage.next()
+        }
+    }
+
+    /// The producer's side.
+    struct Feed: Sendable {
+        fileprivate let storage: Storage
+
+        /// Adds an element; `false` (and nothing added) when the buffer is full.
+        @discardableResult
+        func yield(_ element: Element) -> Bool { storage.push([element], replacing: false) }
+
+        /// Adds an element once the buffer has room (backpressure for a relay); `false` when the stream is over.
+        func send(_ element: Element) async -> Bool { await storage.send(element) }
+
+        /// Adds an element even to a full buffer: the one last word (`lagged`) before `finish()`.
+        func yieldPastCapacity(_ element: Element) { _ = storage.push([element], replacing: false, pastCapacity: true) }
+
+        /// Drops what the consumer has not read yet and puts `elements` in its place (a resynchronization).
+        func replaceUnread(with elements: [Element]) { _ = storage.push(elements, replacing: true) }
+
+        /// The elements not read yet.
+        var unread: Int { storage.unread }
+
+        func finish(throwing error: Failure? = nil) { storage.finish(error) }
+    }
+
+    /// Held only by the consumer's side: when the stream and its iterators are gone, the producer hears of it.
+    fileprivate final class Consumer: Sendable {
+        let storage: Storage
+        init(_ storage: Storage) { self.storage = storage }
+        deinit { storage.finish(nil) }
+    }
+
+    fileprivate final class Storage: Sendable {
+        private struct State: @unchecked Sendable {  // elements are Sendable; so is the continuation
+            var buffer = CircularBuffer<Element>()
+            var waiting: CheckedContinuation<Result<Element?, Failure>, Never>?
+            /// A producer waiting for room (`send`).
+            var producer: CheckedContinuation<Bool?, Never>?
+            var end: Result<Void, Failure>?
+            var onTermination: (@Sendable () -> Void)?
+        }
+
+        let capacity: Int
+        private let state: Locked<State>
+
+        init(capacity: Int, onTermination: @escaping @Sendable () -> Void) {
+            self.capacity = Swift.max(1, capacity)
+            state = Locked(State(onTermination: onTermination))
+        }
+
+        var unread: Int { state.withLock { $0.buffer.count } }
+
+        func push(_ elements: [Element], replacing: Bool, pastCapacity: Bool = false) -> Bool {
+            var accepted = false
+            let waiter = state.withLock { state -> (CheckedContinuation<Result<Element?, Failure>, Never>, Element)? in
+                guard state.end == nil else { return nil }
+                if replacing {
+                    state.buffer.removeAll(keepingCapacity: true)
+                } else if !pastCapacity, state.buffer.count + elements.count > capacity {
+                    return nil
+                }
+                state.buffer.append(contentsOf: elements)
+                accepted = true
+                guard let waiting = state.waiting, let first = state.buffer.popFirst() else { return nil }
+                state.waiting = nil
+                return (waiting, first)
+            }
+            if let (continuation, element) = waiter { continuation.resume(returning: .success(element)) }
+            return accepted
+        }
+
+        func send(_ element: Element) async -> Bool {
+            while true {
+                let outcome: Bool? = await withTaskCancellationHandler {
+                    await withCheckedContinuation { (continuation: CheckedContinuation<Bool?, Never>) in
+                        let room = state.withLock { state -> Bool? in
+                            if state.end != nil || Task.isCancelled { return false }
+                            if state.buffer.count < capacity { return true }
+                            state.producer = continuation
+                            return nil
+                        }
+                        if let room { continuation.resume(returning: room) }
+                    }
+                } onCancel: {
+                    let producer = state.withLock { state in
+                        defer { state.producer = nil }
+                        return state.producer
+                    }
+                    producer?.resume(returning: false)
+                }
+                switch outcome {
+                case true?: if push([element], replacing: false) { return true }  // else full again: wait again
+                case false?: return false
+                case nil: continue  // woken: look again
+                }
+            }
+        }
+
+        func finish(_ error: Failure?) {
+            let (waiting, producer, onTermination) = state.withLock { state in
+                if state.end == nil { state.end = error.map { .failure($0) } ?? .success(()) }
+                defer {
+                    state.waiting = nil
+                    state.producer = nil
+                    state.onTermination = nil
+                }
+                return (state.buffer.isEmpty ? state.waiting : nil, state.producer, state.onTermination)
+            }
+            onTermination?()
+            producer?.resume(returning: false)
+            waiting?.resume(returning: error.map { .failure($0) } ?? .success(nil))
+        }
+
+        func next() async throws(Failure) -> Element? {
+            let result = await withTaskCancellationHandler {
+                await withCheckedContinuation { (continuation: CheckedContinuation<Result<Element?, Failure>, Never>) in
+                    var producer: CheckedContinuation<Bool?, Never>?
+                    let now = state.withLock { state -> Result<Element?, Failure>? in
+                        if let first = state.buffer.popFirst() {
+                            producer = state.producer
+                            state.producer = nil
+                            return .success(first)
+                        }
+                        switch state.end {
+                        case .failure(let error)?:
+                            state.end = .success(())  // thrown once, then the stream is over
+                            return .failure(error)
+                        case .success?: return .success(nil)
+                        case nil:
+                            if Task.isCancelled { return .success(nil) }
+                            state.waiting = continuation
+                            return nil
+                        }
+                    }
+                    producer?.resume(returning: nil)  // room now: it looks again
+                    if let now { continuation.resume(returning: now) }
+                }
+            } onCancel: {
+                let waiting = state.withLock { state in
+                    defer { state.waiting = nil }
+                    return state.waiting
+                }
+                waiting?.resume(returning: .success(nil))
+            }
+            return try result.get()
+        }
+    }
+}

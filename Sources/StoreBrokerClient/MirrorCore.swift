@@ -1,0 +1,216 @@
+import Locking
+import Wire
+
+// What every mirror (a store's, a value's) is made of: the follower that keeps its subscription alive, the
+// callers waiting for it (to load, to reach a position), and the life of its load state.
+
+/// Follows one subscription for as long as its owner lives: reconnects with a capped backoff when the broker
+/// goes away, resumes from the last point the owner has seen (or a fresh snapshot when the broker says the
+/// history is gone), and starts over after `lagged`.
+struct SubscriptionFollower: Sendable {
+    let client: BrokerClient
+    let namespace: Namespace
+    let name: String
+
+    /// Runs until cancelled or until `handle` throws something other than a lost connection (returned).
+    /// `resumePoint` is asked before each (re)subscription. When the broker stays out of reach for the client's
+    /// `connectTimeout`, `unavailable` is told (once per outage) and the follower goes on trying.
+    func run(
+        resumePoint: @Sendable () -> SubscriptionStart,
+        unavailable: @Sendable (StoreBrokerError) -> Void,
+        handle: @Sendable (Push) async throws -> Void
+    ) async -> (any Error)? {
+        var backoff: Duration = .milliseconds(20)
+        let clock = ContinuousClock()
+        var outageSince: ContinuousClock.Instant?
+        var told = false
+        while !Task.isCancelled {
+            do {
+                let connection = try await client.connection()
+                for try await push in connection.follow(namespace, name: name, from: resumePoint()) {
+                    backoff = .milliseconds(20)
+                    outageSince = nil
+                    told = false
+                    try await handle(push)
+                }
+                // It ends without an error only if the subscription did: subscribe again from where we are.
+            } catch let error as StoreBrokerError where error.isUnavailable || error.kind == .timedOut {
+                let since = outageSince ?? clock.now
+                outageSince = since
+                if !told, clock.now - since >= client.connectTimeout || error.kind == .timedOut {
+                    told = true
+                    unavailable(
+                        StoreBrokerError(
+                            error.kind, code: error.code,
+                            "\(error.message) (for \(Self.describe(clock.now - since)); retrying in the background)",
+                            underlying: error))
+                }
+                try? await Task.sleep(for: min(backoff, client.connectTimeout))
+                backoff = min(backoff * 2, .seconds(1))
+            } catch is CancellationError {
+                return nil
+            } catch {
+                return error
+            }
+        }
+        return nil
+    }
+
+    private static func describe(_ duration: Duration) -> String {
+        let milliseconds = duration.components.seconds * 1000 + duration.components.attoseconds / 1_000_000_000_000_000
+        return milliseconds >= 1000 ? "\(milliseconds / 1000) s" : "\(milliseconds) ms"
+    }
+}
+
+/// The callers waiting on a mirror: for its first load, or until it has seen a position. Each waits under a
+/// key, so that cancelling its task takes it out.
+struct MirrorWaiters {
+    typealias Continuation = CheckedContinuation<Result<Void, StoreBrokerError>, Never>
+
+    private var loads: [UInt64: Continuation] = [:]
+    private var positions: [UInt64: (epoch: UInt64?, sequence: UInt64, continuation: Continuation)] = [:]
+    private var nextKey: UInt64 = 0
+    /// Every epoch the mirror has been at: a write's epoch that came and went (the store was dropped since)
+    /// releases its waiters.
+    private var seen: Set<UInt64> = []
+
+    mutating func makeKey() -> UInt64 {
+        nextKey += 1
+        return nextKey
+    }
+
+    /// `epoch` nil: whatever the epoch, once the mirror's sequence is at least `sequence`.
+    func isReached(epoch: UInt64?, sequence: UInt64, mirror: (epoch: UInt64, sequence: UInt64)) -> Bool {
+        guard let epoch else { return mirror.sequence >= sequence }
+        return (mirror.epoch == epoch && mirror.sequence >= sequence) || (seen.contains(epoch) && mirror.epoch != epoch)
+    }
+
+    mutating func waitForLoad(key: UInt64, _ continuation: Continuation) { loads[key] = continuation }
+
+    mutating func waitForPosition(key: UInt64, epoch: UInt64?, sequence: UInt64, _ continuation: Continuation) {
+        positions[key] = (epoch, sequence, continuation)
+    }
+
+    /// Takes a waiter out (its task was cancelled).
+    mutating func remove(_ key: UInt64) -> Continuation? {
+        loads.removeValue(forKey: key) ?? positions.removeValue(forKey: key)?.continuation
+    }
+
+    /// The mirror loaded: every load waiter.
+    mutating func takeLoads() -> [Continuation] {
+        defer { loads = [:] }
+        return Array(loads.values)
+    }
+
+    /// The waiters the mirror's new position releases.
+    mutating func advance(to mirror: (epoch: UInt64, sequence: UInt64)) -> [Continuation] {
+        seen.insert(mirror.epoch)
+        var released: [Continuation] = []
+        for (key, entry) in positions where isReached(epoch: entry.epoch, sequence: entry.sequence, mirror: mirror) {
+            released.append(entry.continuation)
+            positions[key] = nil
+        }
+        return released
+    }
+
+    /// Everyone (the mirror stopped, or lost the broker).
+    mutating func takeAll() -> [Continuation] {
+        defer {
+            loads = [:]
+            positions = [:]
+        }
+        return Array(loads.values) + positions.values.map(\.continuation)
+    }
+}
+
+/// The part of a mirror's locked state (a store's, a value's) that loading, waiting and stopping share.
+protocol MirrorState {
+    associatedtype Update: Sendable
+    var phase: LoadState<Void> { get set }
+    var epoch: UInt64 { get }
+    var sequence: UInt64 { get }
+    var waiters: MirrorWaiters { get set }
+    var streams: [UInt64: BoundedStream<Update, Never>.Feed] { get set }
+}
+
+extension MirrorState {
+    var position: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
+    var isLoaded: Bool { if case .value = phase { true } else { false } }
+    var isStopped: Bool {
+        if case .error(let error) = phase { return !(error.isUnavailable || error.kind == .timedOut) }
+        return false
+    }
+}
+
+extension Locked where Value: MirrorState {
+    /// Suspends under a fresh key until `register` (called under the lock, unless the task is already
+    /// cancelled) or a later event resumes it; cancelling the task resumes it with `cancelled`.
+    private func suspend(
+        _ what: String, _ register: (inout Value, UInt64, MirrorWaiters.Continuation) -> Result<Void, StoreBrokerError>?
+    ) async throws(StoreBrokerError) {
+        let key = withLock { $0.waiters.makeKey() }
+        let cancelled = StoreBrokerError(.cancelled, "the task waiting for \(what) was cancelled")
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: MirrorWaiters.Continuation) in
+                let now = withLock { state -> Result<Void, StoreBrokerError>? in
+                    if Task.isCancelled { return .failure(cancelled) }
+                    return register(&state, key, continuation)
+                }
+                if let now { continuation.resume(returning: now) }
+            }
+        } onCancel: {
+            withLock { $0.waiters.remove(key) }?.resume(returning: .failure(cancelled))
+        }
+        try result.get()
+    }
+
+    /// Returns once the first state is loaded; throws what stopped the mirror, or `cannotConnect` once the
+    /// broker has been out of reach for the client's `connectTimeout`.
+    func waitUntilLoaded(_ what: String) async throws(StoreBrokerError) {
+        try await suspend(what) { state, key, continuation in
+            switch state.phase {
+            case .value: return .success(())
+            case .error(let error): return .failure(error)
+            case .idle, .loading:
+                state.waiters.waitForLoad(key: key, continuation)
+                return nil
+            }
+        }
+    }
+
+    /// Returns once the mirror holds the commit at (epoch, sequence) (any epoch when `epoch` is nil); throws
+    /// when the mirror stops or loses the broker first.
+    func waitUntilReached(_ what: String, epoch: UInt64?, sequence: UInt64) async throws(StoreBrokerError) {
+        try await suspend(what) { state, key, continuation in
+            if case .error(let error) = state.phase { return .failure(error) }
+            if state.isLoaded, state.waiters.isReached(epoch: epoch, sequence: sequence, mirror: state.position) {
+                return .success(())
+            }
+            state.waiters.waitForPosition(key: key, epoch: epoch, sequence: sequence, continuation)
+            return nil
+        }
+    }
+
+    /// The broker has been out of reach for the connect timeout: a mirror that has not loaded says so in its
+    /// load state; every waiter gets the error (the follower goes on trying).
+    func unavailable(_ error: StoreBrokerError) {
+        let waiting = withLock { state -> [MirrorWaiters.Continuation] in
+            guard !state.isStopped else { return [] }
+            if !state.isLoaded { state.phase = .error(error) }
+            return state.waiters.takeAll()
+        }
+        for waiter in waiting { waiter.resume(returning: .failure(error)) }
+    }
+
+    /// The mirror stops for good: waiters get the error, streams end.
+    func stop(with error: any Error) {
+        let failure = error as? StoreBrokerError ?? StoreBrokerError(.protocolViolation, "\(error)", underlying: error)
+        let (waiting, streams) = withLock { state in
+            state.phase = .error(failure)
+            defer { state.streams = [:] }
+            return (state.waiters.takeAll(), Array(state.streams.values))
+        }
+        for waiter in waiting { waiter.resume(returning: .failure(failure)) }
+        for stream in streams { stream.finish() }
+    }
+}
