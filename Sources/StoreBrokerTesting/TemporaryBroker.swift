@@ -18,9 +18,12 @@ import StoreBrokerClient
 ///     try await notes.insert(Note(id: "1", text: "milk"))
 /// }
 /// ```
+///
+/// `body` runs on the caller's actor (a `@MainActor` test may touch its main-actor state in it).
 public func withTemporaryBroker<T>(
     engine: String = "sqlite", logger: Logger = Logger(label: "storebroker.testing", factory: { _ in SwiftLogNoOpLogHandler() }),
-    configure: (inout ServerConfiguration) -> Void = { _ in },
+    configure: @Sendable (inout ServerConfiguration) -> Void = { _ in },
+    isolation: isolated (any Actor)? = #isolation,
     _ body: (BrokerClient) async throws -> T
 ) async throws -> T {
     let broker = try await TemporaryBroker(engine: engine, logger: logger, configure: configure)
@@ -55,7 +58,7 @@ public final class TemporaryBroker: Sendable {
 
     public init(
         engine: String = "sqlite", logger: Logger = Logger(label: "storebroker.testing", factory: { _ in SwiftLogNoOpLogHandler() }),
-        configure: (inout ServerConfiguration) -> Void = { _ in }
+        configure: @Sendable (inout ServerConfiguration) -> Void = { _ in }
     ) async throws {
         var template = Array("/tmp/sbt-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { throw DaemonError.system(.configuration, "cannot create a temporary directory in /tmp") }

@@ -1,0 +1,273 @@
+import Foundation
+import Observation
+import StoreBrokerClient
+import StoreBrokerTesting
+import TestSupport
+import Testing
+
+// What an app developer relies on (issue 16): mirrors never hang, chains never swallow a write, Observation and
+// Boutique's shapes, typed errors, bounded buffers. Each against a temporary broker.
+
+struct AppNote: Codable, Sendable, Identifiable, Equatable {
+    var id: String
+    var text: String
+}
+
+private func note(_ id: String, _ text: String = "") -> AppNote { AppNote(id: id, text: text.isEmpty ? "note \(id)" : text) }
+
+private func nowhere() -> String { "/tmp/storebroker-nowhere-\(UInt64.random(in: 0..<1 << 60)).sock" }
+
+/// True once `condition` holds, polling for at most `seconds`.
+private func eventually(_ seconds: Double = 5, _ condition: () -> Bool) async -> Bool {
+    let deadline = ContinuousClock.now + .milliseconds(Int(seconds * 1000))
+    while ContinuousClock.now < deadline {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(5))
+    }
+    return condition()
+}
+
+@Suite struct MirrorsNeverHang {
+    @Test func loadingWithNoBrokerFailsWithinTheConnectTimeoutAndKeepsTrying() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("sbc-\(UInt64.random(in: 0..<1 << 60))").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let socket = directory + "/late.sock"
+        let client = BrokerClient(socketPath: socket, connectTimeout: .milliseconds(300))
+        let notes = RemoteStore<AppNote>(client: client, name: "notes")
+        let started = ContinuousClock.now
+        do throws(StoreBrokerError) {
+            try await notes.itemsHaveLoaded()
+            Issue.record("itemsHaveLoaded returned with no broker running")
+        } catch {
+            #expect(error.kind == .cannotConnect)  // `error` is a StoreBrokerError: typed throws
+            #expect(error.message.contains(socket))
+        }
+        #expect(ContinuousClock.now - started < .seconds(3))
+        guard case .error(let error) = notes.loadState else {
+            Issue.record("loadState is \(notes.loadState), not the error")
+            return
+        }
+        #expect(error.isUnavailable)
+        // The async initializer says the same.
+        await #expect(throws: StoreBrokerError.self) { try await RemoteStore<AppNote>(client: client, loading: "notes") }
+
+        // The broker appears: the mirror, still trying in the background, loads.
+        let broker = try await TemporaryBroker(engine: "memory") { $0.socketPath = socket }
+        try await broker.client.connection().write("notes", .insert([Item(id: "1", payload: Payload(#"{"id":"1","text":"late"}"#))]))
+        #expect(await eventually { notes.loadState.value?.map(\.text) == ["late"] })
+        try await notes.itemsHaveLoaded()
+        await broker.remove()
+    }
+
+    @Test func aWaitingTaskCanBeCancelledAndCloseReleasesWaiters() async throws {
+        let client = BrokerClient(socketPath: nowhere(), connectTimeout: .seconds(60))
+        let notes = RemoteStore<AppNote>(client: client, name: "notes")
+        let waiting = Task { () -> StoreBrokerError? in
+            do throws(StoreBrokerError) {
+                try await notes.itemsHaveLoaded()
+                return nil
+            } catch {
+                return error
+            }
+        }
+        try await Task.sleep(for: .milliseconds(50))
+        let started = ContinuousClock.now
+        waiting.cancel()
+        #expect(await waiting.value?.kind == .cancelled)
+        #expect(ContinuousClock.now - started < .seconds(1))
+
+        let other = Task { () -> StoreBrokerError? in
+            do throws(StoreBrokerError) {
+                try await notes.waitUntilSeen(sequence: 5)
+                return nil
+            } catch {
+                return error
+            }
+        }
+        try await Task.sleep(for: .milliseconds(50))
+        notes.close()
+        #expect(await other.value?.kind == .closed)
+        await #expect(throws: StoreBrokerError.self) { try await notes.itemsHaveLoaded() }
+    }
+}
+
+@Suite struct BoutiqueShapes {
+    @Test func observationSeesItemsSequenceValuesAndLoadState() async throws {
+        try await withTemporaryBroker(engine: "memory") { client in
+            let notes = RemoteStore<AppNote>(client: client, name: "notes")
+            let loadChanged = Flag()
+            withObservationTracking { _ = notes.loadState } onChange: { loadChanged.set() }
+            try await notes.itemsHaveLoaded()
+            #expect(await eventually { loadChanged.isSet })
+
+            let itemsChanged = Flag()
+            let sequenceChanged = Flag()
+            withObservationTracking { _ = notes.items } onChange: { itemsChanged.set() }
+            withObservationTracking { _ = notes.sequence } onChange: { sequenceChanged.set() }
+            // Another process writes: the mirror's change is seen through Observation.
+            let other = BrokerClient(socketPath: client.socketPath)
+            try await other.connection().write("notes", .insert([Item(id: "a", payload: Payload(#"{"id":"a","text":"x"}"#))]))
+            #expect(await eventually { itemsChanged.isSet && sequenceChanged.isSet })
+            #expect(notes.items == [AppNote(id: "a", text: "x")])
+
+            let dark = RemoteValue(client: client, key: "dark", default: false)
+            try await dark.valueHasLoaded()
+            let valueChanged = Flag()
+            withObservationTracking { _ = dark.value } onChange: { valueChanged.set() }
+            try await RemoteValue(client: other, key: "dark", default: false).set(true)
+            #expect(await eventually { valueChanged.isSet && dark.value })
+
+            let token = RemoteSecureValue<String>(client: client, key: "token")
+            try await token.valueHasLoaded()
+            let secretChanged = Flag()
+            withObservationTracking { _ = token.value } onChange: { secretChanged.set() }
+            try await token.set("s3cr3t")
+            #expect(secretChanged.isSet && token.value == "s3cr3t")
+            await other.close()
+        }
+    }
+
+    final class Settings {
+        @RemoteStored var notes: [AppNote]
+        @RemoteStoredValue var darkMode: Bool
+        @RemoteSecurelyStoredValue<String> var token: String?
+
+        init(client: BrokerClient, store: RemoteStore<AppNote>) {
+            _notes = RemoteStored(in: store)
+            _darkMode = RemoteStoredValue(wrappedValue: false, key: "dark-mode", client: client)
+            _token = RemoteSecurelyStoredValue(key: "token", client: client)
+        }
+    }
+
+    @Test func propertyWrappersReadTheMirrorsAndWriteThroughTheirProjections() async throws {
+        try await withTemporaryBroker(engine: "memory") { client in
+            let settings = Settings(client: client, store: RemoteStore(client: client, name: "notes"))
+            try await settings.$notes.itemsHaveLoaded()
+            try await settings.$darkMode.valueHasLoaded()
+            #expect(settings.notes.isEmpty && settings.darkMode == false && settings.token == nil)
+            try await settings.$notes.insert(note("1"))
+            try await settings.$darkMode.toggle()
+            try await settings.$token.set("t")
+            #expect(settings.notes == [note("1")] && settings.darkMode && settings.token == "t")
+        }
+    }
+
+    @Test func asyncInitItemByIdConditionalWritesAndWaitingForASequence() async throws {
+        try await withTemporaryBroker(engine: "memory") { client in
+            let notes = try await RemoteStore<AppNote>(client: client, loading: "notes")
+            #expect(notes.loadState.value != nil)
+            let first = try await notes.insert([note("a"), note("b")])
+            #expect(first == 1 && notes.sequence == 1)
+            #expect(notes.item(id: "b") == note("b") && notes.item(id: "z") == nil)
+
+            // Conditional writes: the expected sequence, as `storectl --expect`.
+            #expect(try await notes.insert(note("c"), expecting: 1) == 2)
+            do throws(StoreBrokerError) {
+                try await notes.remove(id: "a", expecting: 1)
+                Issue.record("a write expecting a stale sequence was committed")
+            } catch {
+                #expect(error.isConflict)
+            }
+            do throws(StoreBrokerError) {
+                try await notes.chain().removeAll().insert(note("z")).run(expecting: 1)
+                Issue.record("a chain expecting a stale sequence was committed")
+            } catch {
+                #expect(error.isConflict)
+            }
+            #expect(notes.items.map(\.id) == ["a", "b", "c"])
+            #expect(try await notes.chain().removeAll().insert(note("z")).run(expecting: 2) == 3)
+            #expect(notes.items.map(\.id) == ["z"])
+
+            // Another process's write: wait until this mirror has seen its sequence.
+            let other = try await RemoteStore<AppNote>(client: BrokerClient(socketPath: client.socketPath), loading: "notes")
+            let theirs = try await other.insert(note("from-other"))
+            try await notes.waitUntilSeen(sequence: theirs)
+            #expect(notes.item(id: "from-other") != nil)
+
+            let flag = try await RemoteValue(client: client, loading: "flag", default: 0)
+            let otherFlag = RemoteValue(client: BrokerClient(socketPath: client.socketPath), key: "flag", default: 0)
+            let set = try await otherFlag.set(7)
+            try await flag.waitUntilSeen(sequence: set)
+            #expect(flag.value == 7 && flag.sequence == set)
+            do throws(StoreBrokerError) {
+                try await flag.set(8, expecting: set - 1)
+                Issue.record("a value write expecting a stale sequence was committed")
+            } catch {
+                #expect(error.isConflict)
+            }
+        }
+    }
+
+    @MainActor final class Screen {
+        var titles: [String] = []
+    }
+
+    @MainActor @Test func aMainActorTestUsesATemporaryBroker() async throws {
+        let screen = Screen()
+        try await withTemporaryBroker(engine: "memory") { client in
+            let notes = try await RemoteStore<AppNote>(client: client, loading: "notes")
+            try await notes.insert(note("1", "milk"))
+            screen.titles = notes.items.map(\.text)  // main-actor state, touched in the body
+        }
+        #expect(screen.titles == ["milk"])
+    }
+}
+
+@Suite struct BoundedClientBuffers {
+    @Test func aSlowEventReaderLagsAndResynchronizes() async throws {
+        try await withTemporaryBroker(engine: "memory") { broker in
+            let client = BrokerClient(socketPath: broker.socketPath, eventBuffer: 16)
+            let notes = try await RemoteStore<AppNote>(client: client, loading: "notes")
+            let events = notes.events  // registered now, not read until the writes are done
+            for n in 1...200 { try await notes.insert(note("\(n)")) }
+            var operations: [StoreEvent<AppNote>.Operation] = []
+            var replica: [String] = []  // what a reader rebuilds from the stream alone
+            for await event in events {
+                operations.append(event.operation)
+                switch event.operation {
+                case .loaded: replica = event.items.map(\.id)
+                case .insert: replica += event.items.map(\.id).filter { !replica.contains($0) }
+                case .remove: replica.removeAll { id in event.items.contains { $0.id == id } }
+                case .initialized, .lagged: break
+                }
+                if event.sequence == 200, event.operation != .lagged { break }
+            }
+            // At most the buffer's worth before the lag; then `lagged`, every item at once, and what came after.
+            let lagged = try #require(operations.firstIndex(of: .lagged))
+            #expect(lagged <= 16)
+            #expect(operations[lagged + 1] == .loaded)
+            #expect(operations.count - lagged <= 16 + 2)
+            #expect(replica == (1...200).map { "\($0)" })
+            #expect(notes.items.count == 200)
+        }
+    }
+
+    @Test func aSubscriptionNotReadLagsAtTheBrokerAndFollowResumesGapFree() async throws {
+        try await withTemporaryBroker(engine: "memory") { broker in
+            let connection = try await BrokerConnection.connect(socketPath: broker.socketPath, clientName: "slow", pushBuffer: 8)
+            let writer = try await broker.connection()
+            _ = try await writer.write("s", .insert([Item(id: "0", payload: Payload("0"))]))
+            let subscription = try await connection.subscribe(name: "s")
+            for n in 1...100 { _ = try await writer.write("s", .insert([Item(id: ItemID("\(n)"), payload: Payload("\(n)"))])) }
+            try await connection.ping()  // every push sent before the pong has been read from the socket
+            var pushes: [Push] = []
+            for try await push in subscription.pushes { pushes.append(push) }
+            #expect(pushes.count == 9)  // 8 buffered, then `lagged`
+            guard case .lagged(let at) = pushes.last else {
+                Issue.record("the subscription did not end with lagged: \(pushes)")
+                return
+            }
+            #expect(at.sequence == 8)  // the snapshot at 1, then commits 2...8
+            try await connection.ping()  // the connection goes on
+
+            // follow() holds what it relays to its reader's pace: nothing is skipped.
+            var sequences: [UInt64] = []
+            for try await push in connection.follow(name: "s", from: .resume(epoch: at.epoch, sequence: at.sequence)) {
+                if case .storeEvent(let commit) = push { sequences.append(commit.sequence) }
+                if sequences.last == 101 { break }
+            }
+            #expect(sequences == Array(9...101))
+        }
+    }
+}
