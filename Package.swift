@@ -188,6 +188,8 @@ let package = Package(
         ),
         // The two-process demo (examples/notes-demo.sh).
         .executableTarget(name: "notes-demo", dependencies: ["StoreBrokerClient"], path: "examples/notes-demo"),
+        // The README's client snippet, verbatim (top-level code): Tests/IntegrationTests compares the two and runs it.
+        .executableTarget(name: "readme-client", dependencies: ["StoreBrokerClient"], path: "examples/readme-client"),
         .executableTarget(
             name: "storebroker-benchmark",
             dependencies: [

@@ -42,6 +42,38 @@ extension Integration {
             }
         }
 
+        /// The README's client snippet is examples/readme-client/main.swift, top-level code: the two are the same
+        /// text, and run against a daemon it writes what it says (every `insert`, `remove` and the chain).
+        @Test func theReadmeClientSnippetWrites() async throws {
+            let readme = try String(contentsOfFile: repositoryRoot + "/README.md", encoding: .utf8)
+            let source = try String(contentsOfFile: repositoryRoot + "/examples/readme-client/main.swift", encoding: .utf8)
+            let block = readme.components(separatedBy: "<!-- readme-client:begin").last?
+                .components(separatedBy: "<!-- readme-client:end -->").first?
+                .components(separatedBy: "```swift\n").last?.components(separatedBy: "```").first
+            #expect(block == source, "README.md's client snippet differs from examples/readme-client/main.swift")
+
+            try await Daemon.with { daemon in
+                var environment = ProcessInfo.processInfo.environment
+                environment["STOREBROKER_SOCKET"] = daemon.socketPath
+                let child = try ChildProcess(
+                    [binDirectory + "/readme-client"], stdoutPath: daemon.directory + "/readme.out",
+                    stderrPath: daemon.directory + "/readme.err", in: daemon.directory, environment: environment)
+                #expect(await child.wait(atMost: 60) == 0, "\(child.stderr)")
+                #expect(child.stdout == """
+                    ["milk", "bread"] bread
+                    someone wrote in between: read again and retry
+                    true s3cr3t
+
+                    """)
+                // Four commits: insert, insert, remove, the chain; the conditional insert was refused.
+                let export = try await daemon.storectl(["export", "notes"])
+                #expect(export.stdout == #"{"id":"1","text":"milk"}"# + "\n" + #"{"id":"4","text":"bread"}"# + "\n")
+                let info = try await daemon.connect().storeInfo("notes")
+                #expect(info.sequence == 4)
+                #expect(try await daemon.storectl(["value", "get", "dark-mode"]).stdout == "true\n")
+            }
+        }
+
         @Test func twoProcessesToggling1000TimesEachLoseNoUpdate() async throws {
             try await Daemon.with { daemon in
                 let togglers = try (0..<2).map { index in
