@@ -290,6 +290,40 @@ func libraryLatency(socket: String) async throws {
     print("remotestore_p50_us \(median(latencies) * 1e6)")
     print("remotestore_p99_us \(percentile(latencies, 0.99) * 1e6)")
     await client.close()
+    for size in [100, 100_000] {
+        print("mirror_\(size)_events_per_s \(try await mirrorApplyRate(socket: socket, size: size))")
+    }
+}
+
+/// Events per second a RemoteStore mirror of `size` items applies: another connection pipelines 20,000
+/// single-item inserts (windows of 500) while the mirror follows; timed from the first send until the mirror
+/// holds the last commit. The same rate for 100 and 100,000 items means an event costs what it changes, not a
+/// copy of the table.
+func mirrorApplyRate(socket: String, size: Int) async throws -> Double {
+    let name = "mirror-\(size)"
+    let text = String(repeating: "x", count: 180)
+    func item(_ id: String, bytes: Int) -> Item { Item(id: ItemID(id), payload: Payload(#"{"id":"\#(id)","text":"\#(text)"}"#)) }
+    let writer = try await BrokerConnection.connect(socketPath: socket, clientName: "broker-bench-writer")
+    for start in stride(from: 0, to: size, by: 10_000) {
+        let items = (start..<min(size, start + 10_000)).map { item("\($0)", bytes: 200) }
+        _ = try await writer.send(.insert(.init(store: name, items: items)))
+    }
+    let client = BrokerClient(socketPath: socket, clientName: "broker-bench-mirror")
+    let store = try await RemoteStore<Note>(client: client, loading: name)
+    let events = 20_000
+    let clock = ContinuousClock()
+    let start = clock.now
+    var last: UInt64 = 0
+    for window in stride(from: 0, to: events, by: 500) {
+        let requests = (window..<window + 500).map { ClientMessage.insert(.init(store: name, items: [item("new-\($0)", bytes: 200)])) }
+        for case .success(.writeResult(let result)) in try await writer.send(requests) { last = max(last, result.sequence) }
+    }
+    try await store.waitUntilSeen(sequence: last)
+    let elapsed = seconds(clock.now - start)
+    store.close()
+    await client.close()
+    await writer.close()
+    return Double(events) / elapsed
 }
 
 let options = Options(Array(CommandLine.arguments.dropFirst()))

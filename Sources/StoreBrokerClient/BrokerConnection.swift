@@ -167,8 +167,27 @@ public final class BrokerConnection: Sendable {
 
     /// Ends a subscription; its stream finishes.
     public func unsubscribe(_ subscription: BrokerSubscription) async throws(StoreBrokerError) {
-        _ = try await send(.unsubscribe(.init(subscriptionID: subscription.id)))
-        channel.eventLoop.execute { [handler] in handler.value.finishStream(subscription.id, error: nil) }
+        try await unsubscribe(id: subscription.id)
+    }
+
+    /// Subscribes with a receiver that the connection calls on its event loop for each push as it is read: no
+    /// buffer and no hop between reading a push and applying it (the mirrors' way). Returns the subscription's
+    /// id; the receiver's `ended` is called once, after `lagged` or when the connection fails.
+    package func subscribe(
+        _ namespace: Namespace, name: String, from start: SubscriptionStart, receiver: any PushReceiver
+    ) async throws(StoreBrokerError) -> UInt32 {
+        let request = ClientMessage.subscribe(.init(namespace: namespace, name: name, start: start))
+        do {
+            return try await channel.eventLoop.flatSubmit { [handler] in handler.value.subscribe(request, receiver: receiver) }.get()
+        } catch {
+            throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
+        }
+    }
+
+    /// Ends a subscription by its id; its stream finishes (or its receiver is told).
+    package func unsubscribe(id: UInt32) async throws(StoreBrokerError) {
+        _ = try await send(.unsubscribe(.init(subscriptionID: id)))
+        channel.eventLoop.execute { [handler] in handler.value.finishStream(id, error: nil) }
     }
 
     /// Whether the connection is still up (the broker has not closed it, nor has `close()` been called).
@@ -178,6 +197,15 @@ public final class BrokerConnection: Sendable {
     public func close() async {
         try? await channel.close()
     }
+}
+
+/// Takes a subscription's pushes on the connection's event loop, in order, as they are read. It must be quick
+/// (it holds up the connection's reading: a slow receiver makes the broker lag the subscription, which bounds
+/// memory on both sides).
+package protocol PushReceiver: AnyObject, Sendable {
+    func receive(_ push: Push)
+    /// Once: `nil` after `lagged` (the subscription is over), or the connection's failure.
+    func ended(_ error: StoreBrokerError?)
 }
 
 /// A subscription's pushes (`storeLoaded`, `storeEvent`, `lagged`, `historyGone`, `dropped`), in order. The
@@ -198,7 +226,7 @@ final class ClientHandler: ChannelInboundHandler {
     /// Fulfilled by the broker's welcome; failed by anything that ends the connection before it.
     private var established: EventLoopPromise<BrokerConnection.Established>?
     private var pending: [UInt32: Pending] = [:]
-    private var streams: [UInt32: BoundedStream<Push, StoreBrokerError>.Feed] = [:]
+    private var streams: [UInt32: Sink] = [:]
     /// Each subscription's last push buffered that carries a position: where it resumes if it lags.
     private var lastPositions: [UInt32: Position] = [:]
     private let pushBuffer: Int
@@ -214,6 +242,20 @@ final class ClientHandler: ChannelInboundHandler {
     private enum Pending {
         case request(EventLoopPromise<ServerMessage>)
         case subscribe(EventLoopPromise<BrokerSubscription>)
+        case subscribeDirect(EventLoopPromise<UInt32>, any PushReceiver)
+    }
+
+    /// Where a subscription's pushes go: a bounded stream, or a receiver called at once.
+    private enum Sink {
+        case stream(BoundedStream<Push, StoreBrokerError>.Feed)
+        case direct(any PushReceiver)
+
+        func finish(_ error: StoreBrokerError?) {
+            switch self {
+            case .stream(let feed): feed.finish(throwing: error)
+            case .direct(let receiver): receiver.ended(error)
+            }
+        }
     }
 
     init(
@@ -303,6 +345,13 @@ final class ClientHandler: ChannelInboundHandler {
         return promise.futureResult
     }
 
+    func subscribe(_ request: ClientMessage, receiver: any PushReceiver) -> EventLoopFuture<UInt32> {
+        guard let context else { return Self.closed() }
+        let promise = context.eventLoop.makePromise(of: UInt32.self)
+        write(request, .subscribeDirect(promise, receiver)) { promise.fail($0) }
+        return promise.futureResult
+    }
+
     private func write(_ request: ClientMessage, _ entry: Pending, fail: (StoreBrokerError) -> Void) {
         if let failure { return fail(failure) }
         let id = nextID
@@ -347,7 +396,13 @@ final class ClientHandler: ChannelInboundHandler {
                 fail(StoreBrokerError(.connectionClosed, code: goodbye.code, "the broker said goodbye: \(goodbye.message)"))
                 return
             }
-            guard let push = Push(message), let feed = streams[id] else { return }
+            guard let push = Push(message), let sink = streams[id] else { return }
+            guard case .stream(let feed) = sink else {
+                guard case .direct(let receiver) = sink else { return }
+                receiver.receive(push)
+                if case .lagged = push { finishStream(id, error: nil) }
+                return
+            }
             if feed.yield(push) {
                 if case .lagged = push { return finishStream(id, error: nil) }
                 if let position = push.position { lastPositions[id] = position }
@@ -368,11 +423,18 @@ final class ClientHandler: ChannelInboundHandler {
             promise.fail(StoreBrokerError(.refused, code: error.code, error.message))
         case (.subscribe(let promise), .error(let error)):
             promise.fail(StoreBrokerError(.refused, code: error.code, error.message))
+        case (.subscribeDirect(let promise, _), .error(let error)):
+            promise.fail(StoreBrokerError(.refused, code: error.code, error.message))
+        case (.subscribeDirect(let promise, let receiver), .subscribed(let subscribed)):
+            streams[subscribed.subscriptionID] = .direct(receiver)
+            promise.succeed(subscribed.subscriptionID)
+        case (.subscribeDirect(let promise, _), _):
+            promise.fail(StoreBrokerError(.protocolViolation, "subscribe was answered with \(message.type.name)"))
         case (.request(let promise), _):
             promise.succeed(message)
         case (.subscribe(let promise), .subscribed(let subscribed)):
             let (stream, feed) = BoundedStream<Push, StoreBrokerError>.make(capacity: pushBuffer)
-            streams[subscribed.subscriptionID] = feed
+            streams[subscribed.subscriptionID] = .stream(feed)
             promise.succeed(BrokerSubscription(id: subscribed.subscriptionID, pushes: stream))
         case (.subscribe(let promise), _):
             promise.fail(StoreBrokerError(.protocolViolation, "subscribe was answered with \(message.type.name)"))
@@ -381,7 +443,7 @@ final class ClientHandler: ChannelInboundHandler {
 
     func finishStream(_ id: UInt32, error: StoreBrokerError?) {
         lastPositions[id] = nil
-        streams.removeValue(forKey: id)?.finish(throwing: error)
+        streams.removeValue(forKey: id)?.finish(error)
     }
 
     private func fail(_ error: StoreBrokerError) {
@@ -397,12 +459,13 @@ final class ClientHandler: ChannelInboundHandler {
             switch entry {
             case .request(let promise): promise.fail(error)
             case .subscribe(let promise): promise.fail(error)
+            case .subscribeDirect(let promise, _): promise.fail(error)
             }
         }
         let all = streams
         streams = [:]
         lastPositions = [:]
-        for feed in all.values { feed.finish(throwing: error) }
+        for sink in all.values { sink.finish(error) }
     }
 
     func channelInactive(context: ChannelHandlerContext) {

@@ -6,35 +6,50 @@ import Wire
 
 /// Follows one subscription for as long as its owner lives: reconnects with a capped backoff when the broker
 /// goes away, resumes from the last point the owner has seen (or a fresh snapshot when the broker says the
-/// history is gone), and starts over after `lagged`.
+/// history is gone), and starts over after `lagged`. The owner's `handle` runs on the connection's event loop
+/// as each push is read (`PushReceiver`): a commit reaches the mirror with no task hop, so a write's answer
+/// usually finds its commit already applied.
 struct SubscriptionFollower: Sendable {
     let client: BrokerClient
     let namespace: Namespace
     let name: String
 
-    /// Runs until cancelled or until `handle` throws something other than a lost connection (returned).
-    /// `resumePoint` is asked before each (re)subscription. When the broker stays out of reach for the client's
-    /// `connectTimeout`, `unavailable` is told (once per outage) and the follower goes on trying.
+    /// Runs until cancelled or until `handle` throws (returned). `resumePoint` is asked before each
+    /// (re)subscription. When the broker stays out of reach for the client's `connectTimeout`, `unavailable` is
+    /// told (once per outage) and the follower goes on trying.
     func run(
         resumePoint: @Sendable () -> SubscriptionStart,
         unavailable: @Sendable (StoreBrokerError) -> Void,
-        handle: @Sendable (Push) async throws -> Void
-    ) async -> (any Error)? {
+        handle: @escaping @Sendable (Push) throws(StoreBrokerError) -> Void
+    ) async -> StoreBrokerError? {
         var backoff: Duration = .milliseconds(20)
         let clock = ContinuousClock()
         var outageSince: ContinuousClock.Instant?
         var told = false
         while !Task.isCancelled {
-            do {
+            do throws(StoreBrokerError) {
                 let connection = try await client.connection()
-                for try await push in connection.follow(namespace, name: name, from: resumePoint()) {
-                    backoff = .milliseconds(20)
-                    outageSince = nil
-                    told = false
-                    try await handle(push)
+                let subscription = DirectSubscription(handle: handle)
+                let id = try await connection.subscribe(namespace, name: name, from: resumePoint(), receiver: subscription)
+                backoff = .milliseconds(20)
+                outageSince = nil
+                told = false
+                let outcome = await withTaskCancellationHandler {
+                    await subscription.outcome()
+                } onCancel: {
+                    subscription.finish(.cancelled)
                 }
-                // It ends without an error only if the subscription did: subscribe again from where we are.
-            } catch let error as StoreBrokerError where error.isUnavailable || error.kind == .timedOut {
+                switch outcome {
+                case .lagged: continue  // subscribe again from where the mirror is
+                case .closed(let error): throw error
+                case .failed(let error):
+                    try? await connection.unsubscribe(id: id)
+                    return error
+                case .cancelled:
+                    try? await connection.unsubscribe(id: id)
+                    return nil
+                }
+            } catch where error.isUnavailable || error.kind == .timedOut {
                 let since = outageSince ?? clock.now
                 outageSince = since
                 if !told, clock.now - since >= client.connectTimeout || error.kind == .timedOut {
@@ -47,8 +62,6 @@ struct SubscriptionFollower: Sendable {
                 }
                 try? await Task.sleep(for: min(backoff, client.connectTimeout))
                 backoff = min(backoff * 2, .seconds(1))
-            } catch is CancellationError {
-                return nil
             } catch {
                 return error
             }
@@ -59,6 +72,57 @@ struct SubscriptionFollower: Sendable {
     private static func describe(_ duration: Duration) -> String {
         let milliseconds = duration.components.seconds * 1000 + duration.components.attoseconds / 1_000_000_000_000_000
         return milliseconds >= 1000 ? "\(milliseconds / 1000) s" : "\(milliseconds) ms"
+    }
+}
+
+/// One subscription of a follower: applies each push as the connection reads it and says how it ended.
+final class DirectSubscription: PushReceiver {
+    enum Outcome: Sendable {
+        /// The broker lagged it: subscribe again from the mirror's position.
+        case lagged
+        /// The connection went away.
+        case closed(StoreBrokerError)
+        /// Applying a push failed (an item that does not decode): the mirror stops.
+        case failed(StoreBrokerError)
+        case cancelled
+    }
+
+    private let handle: @Sendable (Push) throws(StoreBrokerError) -> Void
+    private let state = Locked<(outcome: Outcome?, waiter: CheckedContinuation<Outcome, Never>?)>((nil, nil))
+
+    init(handle: @escaping @Sendable (Push) throws(StoreBrokerError) -> Void) { self.handle = handle }
+
+    func receive(_ push: Push) {
+        guard state.withLock({ $0.outcome == nil }) else { return }
+        do throws(StoreBrokerError) {
+            try handle(push)
+        } catch {
+            finish(.failed(error))
+        }
+    }
+
+    func ended(_ error: StoreBrokerError?) { finish(error.map { .closed($0) } ?? .lagged) }
+
+    /// The first outcome wins.
+    func finish(_ outcome: Outcome) {
+        let waiter = state.withLock { state -> CheckedContinuation<Outcome, Never>? in
+            guard state.outcome == nil else { return nil }
+            state.outcome = outcome
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume(returning: outcome)
+    }
+
+    func outcome() async -> Outcome {
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { state -> Outcome? in
+                if let outcome = state.outcome { return outcome }
+                state.waiter = continuation
+                return nil
+            }
+            if let now { continuation.resume(returning: now) }
+        }
     }
 }
 

@@ -41,7 +41,7 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
                     guard let self else { return }
                     registrar.withMutation(of: self, keyPath: \.phase) { state.unavailable(error) }
                 },
-                handle: { [weak self] push throws(StoreBrokerError) in try await self?.apply(push) })
+                handle: { [weak self] push throws(StoreBrokerError) in try self?.apply(push) })
             guard let self, let failure else { return }
             registrar.withMutation(of: self, keyPath: \.phase) { state.stop(with: failure) }
         }
@@ -105,26 +105,37 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
         }
     }
 
-    private func apply(_ push: Push) async throws(StoreBrokerError) {
+    /// Applies a push as the connection reads it. A secure value never travels in a push (`setWithheld`): it is
+    /// fetched (this process is the daemon's user) by a task, and applied unless a newer state came first.
+    private func apply(_ push: Push) throws(StoreBrokerError) {
         let message: (epoch: UInt64, sequence: UInt64, state: ValueState)
         switch push {
         case .valueLoaded(let at, let state), .valueEvent(let at, let state): message = (at.epoch, at.sequence, state)
         default: return  // historyGone: a valueLoaded follows; lagged: the follower subscribes again
         }
-        var update: (epoch: UInt64, sequence: UInt64, value: Value?)
         switch message.state {
-        case .set(let payload): update = (message.epoch, message.sequence, try decode(payload))
-        case .unset: update = (message.epoch, message.sequence, nil)
+        case .set(let payload): store((message.epoch, message.sequence, try decode(payload)))
+        case .unset: store((message.epoch, message.sequence, nil))
         case .setWithheld:
-            // A secure value never travels in a push: fetch it (this process is the daemon's user).
-            update = try await fetch()
-            update.sequence = max(update.sequence, message.sequence)
+            Task {
+                do throws(StoreBrokerError) {
+                    var update = try await fetch()
+                    update.sequence = max(update.sequence, message.sequence)
+                    store(update, unlessOlder: true)
+                } catch {
+                    // The connection went away: the follower resubscribes and this state comes again.
+                }
+            }
         }
+    }
+
+    private func store(_ update: (epoch: UInt64, sequence: UInt64, value: Value?), unlessOlder: Bool = false) {
         let loading = !state.withLock { $0.isLoaded }
         registrar.willSet(self, keyPath: \.current)
         registrar.willSet(self, keyPath: \.sequence)
         if loading { registrar.willSet(self, keyPath: \.phase) }
-        let (released, streams) = state.withLock { state in
+        let (released, streams) = state.withLock { state -> ([MirrorWaiters.Continuation], [BoundedStream<Value?, Never>.Feed]) in
+            if unlessOlder, state.isLoaded, state.epoch == update.epoch, state.sequence > update.sequence { return ([], []) }
             state.value = update.value
             state.epoch = update.epoch
             state.sequence = update.sequence
