@@ -53,6 +53,9 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
         /// The elements not read yet.
         var unread: Int { storage.unread }
 
+        /// The last element the reader took (where it is), if any.
+        var lastTaken: Element? { storage.lastTaken }
+
         func finish(throwing error: Failure? = nil) { storage.finish(error) }
     }
 
@@ -70,6 +73,7 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
             /// A producer waiting for room (`send`).
             var producer: CheckedContinuation<Bool?, Never>?
             var end: Result<Void, Failure>?
+            var lastTaken: Element?
             var onTermination: (@Sendable () -> Void)?
         }
 
@@ -82,6 +86,8 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
         }
 
         var unread: Int { state.withLock { $0.buffer.count } }
+
+        var lastTaken: Element? { state.withLock { $0.lastTaken } }
 
         func push(_ elements: [Element], replacing: Bool, pastCapacity: Bool = false) -> Bool {
             var accepted = false
@@ -96,6 +102,7 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
                 accepted = true
                 guard let waiting = state.waiting, let first = state.buffer.popFirst() else { return nil }
                 state.waiting = nil
+                state.lastTaken = first
                 return (waiting, first)
             }
             if let (continuation, element) = waiter { continuation.resume(returning: .success(element)) }
@@ -150,6 +157,7 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
                     var producer: CheckedContinuation<Bool?, Never>?
                     let now = state.withLock { state -> Result<Element?, Failure>? in
                         if let first = state.buffer.popFirst() {
+                            state.lastTaken = first
                             producer = state.producer
                             state.producer = nil
                             return .success(first)

@@ -82,6 +82,18 @@ public enum LoadState<Value: Sendable>: Sendable {
     }
 }
 
+extension LoadState where Value == Void {
+    /// The same state, carrying `value` when loaded (`value` is evaluated only then).
+    func carrying<Loaded>(_ value: @autoclosure () -> Loaded) -> LoadState<Loaded> {
+        switch self {
+        case .idle: .idle
+        case .loading: .loading
+        case .value: .value(value())
+        case .error(let error): .error(error)
+        }
+    }
+}
+
 extension StoreBrokerError {
     /// The broker refused the write because its condition did not hold.
     public var isConflict: Bool { kind == .refused && code == .conflict }

@@ -17,11 +17,13 @@ public final class BrokerConnection: Sendable {
     package let welcome: ServerMessage.Welcome
     private let channel: any Channel
     private let handler: NIOLoopBound<ClientHandler>
+    private let pushBuffer: Int
 
-    private init(welcome: ServerMessage.Welcome, channel: any Channel, handler: NIOLoopBound<ClientHandler>) {
+    private init(welcome: ServerMessage.Welcome, channel: any Channel, handler: NIOLoopBound<ClientHandler>, pushBuffer: Int) {
         self.welcome = welcome
         self.channel = channel
         self.handler = handler
+        self.pushBuffer = pushBuffer
     }
 
     /// The socket path by PRODUCT.md's rule (`STOREBROKER_SOCKET`, `XDG_RUNTIME_DIR`, `/tmp/storebroker-UID`).
@@ -38,9 +40,10 @@ public final class BrokerConnection: Sendable {
     /// a late one cannot be told apart). `handshakeTimeout` bounds connecting and the handshake alone (it
     /// defaults to `timeout`). Subscriptions' pushes are never timed: a watcher may wait for hours.
     ///
-    /// Each subscription buffers at most `pushBuffer` pushes its reader has not taken; past that it ends with
-    /// `lagged` at the last push buffered (the broker is told to stop sending), as the broker does with its own
-    /// slow subscribers: a reader that stops reading costs bounded memory. `follow(...)` resumes from there.
+    /// Each subscription buffers at most `pushBuffer` pushes its reader has not taken; past that, what the reader
+    /// has not taken is dropped and the stream ends with `lagged` at the last push it took (the broker is told
+    /// to stop sending), as the broker does with its own slow subscribers: a reader that stops reading costs
+    /// bounded memory. `follow(...)` resumes from there by itself.
     public static func connect(
         socketPath: String = defaultSocketPath(), clientName: String, timeout: Duration? = nil,
         handshakeTimeout: Duration? = nil, pushBuffer: Int = 1024
@@ -72,7 +75,7 @@ public final class BrokerConnection: Sendable {
         }
         do {
             let (welcome, handler) = try await established.futureResult.get()
-            return BrokerConnection(welcome: welcome, channel: channel, handler: handler)
+            return BrokerConnection(welcome: welcome, channel: channel, handler: handler, pushBuffer: pushBuffer)
         } catch {
             try? await channel.close()
             throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
@@ -131,37 +134,23 @@ public final class BrokerConnection: Sendable {
 
     /// Follows a store or value on this connection for as long as the stream is read: every push in order
     /// (`lagged` included, as a notice), and after `lagged` a new subscription resumes from the point it names,
-    /// so the caller sees one gap-free stream. It throws when the connection closes; it never reconnects
-    /// (`BrokerClient`'s followers do). A reader that stops reading holds up the relay, whose subscription then
-    /// lags: memory stays bounded and nothing is skipped.
+    /// so the caller sees one gap-free stream (as long as the broker's history reaches back to that point; else
+    /// `historyGone` and a fresh snapshot). It throws when the connection closes; it never reconnects
+    /// (`BrokerClient`'s followers do). A reader more than `pushBuffer` pushes behind lags here: what it has not
+    /// taken is replaced by `lagged` at the last push it took, and the follow resubscribes from there at once.
     public func follow(
         _ namespace: Namespace = .store, name: String, from start: SubscriptionStart = .snapshot
     ) -> BoundedStream<Push, StoreBrokerError> {
-        let task = Locked<Task<Void, Never>?>(nil)
-        let (stream, feed) = BoundedStream<Push, StoreBrokerError>.make(capacity: 64) { task.withLock { $0?.cancel() } }
-        let relay = Task {
-            var start = start
-            do throws(StoreBrokerError) {
-                while !Task.isCancelled {
-                    let subscription = try await self.subscribe(namespace, name: name, from: start)
-                    var resume: SubscriptionStart?
-                    for try await push in subscription.pushes {
-                        guard await feed.send(push) else {
-                            try? await self.unsubscribe(subscription)
-                            return
-                        }
-                        if case .lagged(let at) = push { resume = .resume(epoch: at.epoch, sequence: at.sequence) }
-                    }
-                    // A subscription's stream ends without an error only after `lagged`.
-                    guard let resume else { break }
-                    start = resume
-                }
-                feed.finish()
-            } catch {
-                feed.finish(throwing: error)
-            }
+        let handler = handler
+        let loop = channel.eventLoop
+        let follow = Locked<FollowSubscription?>(nil)
+        let (stream, feed) = BoundedStream<Push, StoreBrokerError>.make(capacity: pushBuffer) {
+            guard let started = follow.withLock({ $0 }) else { return }
+            loop.execute { handler.value.stop(started) }
         }
-        task.withLock { $0 = relay }
+        let started = FollowSubscription(namespace: namespace, name: name, start: start, feed: feed)
+        follow.withLock { $0 = started }
+        loop.execute { handler.value.start(started) }
         return stream
     }
 
@@ -199,6 +188,25 @@ public final class BrokerConnection: Sendable {
     }
 }
 
+/// A `follow(...)`: its stream, and where it subscribes (again) from. Touched only on the connection's event loop.
+final class FollowSubscription: @unchecked Sendable {
+    let namespace: Namespace
+    let name: String
+    let start: SubscriptionStart
+    let feed: BoundedStream<Push, StoreBrokerError>.Feed
+    /// The subscription serving it now, once the broker has answered.
+    var id: UInt32?
+    /// Its reader is gone: nothing more is subscribed.
+    var stopped = false
+
+    init(namespace: Namespace, name: String, start: SubscriptionStart, feed: BoundedStream<Push, StoreBrokerError>.Feed) {
+        self.namespace = namespace
+        self.name = name
+        self.start = start
+        self.feed = feed
+    }
+}
+
 /// Takes a subscription's pushes on the connection's event loop, in order, as they are read. It must be quick
 /// (it holds up the connection's reading: a slow receiver makes the broker lag the subscription, which bounds
 /// memory on both sides).
@@ -227,8 +235,6 @@ final class ClientHandler: ChannelInboundHandler {
     private var established: EventLoopPromise<BrokerConnection.Established>?
     private var pending: [UInt32: Pending] = [:]
     private var streams: [UInt32: Sink] = [:]
-    /// Each subscription's last push buffered that carries a position: where it resumes if it lags.
-    private var lastPositions: [UInt32: Position] = [:]
     private let pushBuffer: Int
     private var nextID: UInt32 = 1
     private var failure: StoreBrokerError?
@@ -243,17 +249,20 @@ final class ClientHandler: ChannelInboundHandler {
         case request(EventLoopPromise<ServerMessage>)
         case subscribe(EventLoopPromise<BrokerSubscription>)
         case subscribeDirect(EventLoopPromise<UInt32>, any PushReceiver)
+        case subscribeFollow(FollowSubscription)
     }
 
     /// Where a subscription's pushes go: a bounded stream, or a receiver called at once.
     private enum Sink {
         case stream(BoundedStream<Push, StoreBrokerError>.Feed)
         case direct(any PushReceiver)
+        case follow(FollowSubscription)
 
         func finish(_ error: StoreBrokerError?) {
             switch self {
             case .stream(let feed): feed.finish(throwing: error)
             case .direct(let receiver): receiver.ended(error)
+            case .follow(let follow): follow.feed.finish(throwing: error)
             }
         }
     }
@@ -397,22 +406,34 @@ final class ClientHandler: ChannelInboundHandler {
                 return
             }
             guard let push = Push(message), let sink = streams[id] else { return }
-            guard case .stream(let feed) = sink else {
-                guard case .direct(let receiver) = sink else { return }
+            switch sink {
+            case .direct(let receiver):
                 receiver.receive(push)
                 if case .lagged = push { finishStream(id, error: nil) }
-                return
-            }
-            if feed.yield(push) {
-                if case .lagged = push { return finishStream(id, error: nil) }
-                if let position = push.position { lastPositions[id] = position }
-            } else {
-                // Its reader is that far behind: it lags here, as the broker's own slow subscribers do.
-                let at = lastPositions[id] ?? Position(epoch: 0, sequence: 0)
-                feed.yieldPastCapacity(.lagged(at))
-                finishStream(id, error: nil)
-                // Nobody waits for the answer: the broker drops what it still sends for this subscription.
-                _ = send(.unsubscribe(.init(subscriptionID: id)))
+            case .stream(let feed):
+                if case .lagged = push {
+                    feed.yieldPastCapacity(push)  // the broker's word always arrives
+                    finishStream(id, error: nil)
+                } else if !feed.yield(push) {
+                    // Its reader is that far behind: it lags here, as the broker's own slow subscribers do.
+                    feed.replaceUnread(with: [.lagged(feed.lastTaken?.resumePosition ?? Position(epoch: 0, sequence: 0))])
+                    finishStream(id, error: nil)
+                    _ = send(.unsubscribe(.init(subscriptionID: id)))  // nobody waits for the answer
+                }
+            case .follow(let follow):
+                if case .lagged(let at) = push {
+                    follow.feed.yieldPastCapacity(push)
+                    streams[id] = nil
+                    subscribe(follow, from: .resume(epoch: at.epoch, sequence: at.sequence))
+                } else if !follow.feed.yield(push) {
+                    // Its reader is that far behind: what it has not taken goes, and the follow goes on from the
+                    // last push it took (from its start if none).
+                    let taken = follow.feed.lastTaken?.resumePosition
+                    follow.feed.replaceUnread(with: [.lagged(taken ?? Position(epoch: 0, sequence: 0))])
+                    streams[id] = nil
+                    _ = send(.unsubscribe(.init(subscriptionID: id)))
+                    subscribe(follow, from: taken.map { .resume(epoch: $0.epoch, sequence: $0.sequence) } ?? follow.start)
+                }
             }
             return
         }
@@ -430,6 +451,17 @@ final class ClientHandler: ChannelInboundHandler {
             promise.succeed(subscribed.subscriptionID)
         case (.subscribeDirect(let promise, _), _):
             promise.fail(StoreBrokerError(.protocolViolation, "subscribe was answered with \(message.type.name)"))
+        case (.subscribeFollow(let follow), .subscribed(let subscribed)):
+            if follow.stopped {
+                _ = send(.unsubscribe(.init(subscriptionID: subscribed.subscriptionID)))
+            } else {
+                follow.id = subscribed.subscriptionID
+                streams[subscribed.subscriptionID] = .follow(follow)
+            }
+        case (.subscribeFollow(let follow), .error(let error)):
+            follow.feed.finish(throwing: StoreBrokerError(.refused, code: error.code, error.message))
+        case (.subscribeFollow(let follow), _):
+            follow.feed.finish(throwing: StoreBrokerError(.protocolViolation, "subscribe was answered with \(message.type.name)"))
         case (.request(let promise), _):
             promise.succeed(message)
         case (.subscribe(let promise), .subscribed(let subscribed)):
@@ -442,8 +474,25 @@ final class ClientHandler: ChannelInboundHandler {
     }
 
     func finishStream(_ id: UInt32, error: StoreBrokerError?) {
-        lastPositions[id] = nil
         streams.removeValue(forKey: id)?.finish(error)
+    }
+
+    /// A `follow(...)` begins: its first subscription.
+    func start(_ follow: FollowSubscription) { subscribe(follow, from: follow.start) }
+
+    /// Its reader is gone: the subscription serving it ends.
+    func stop(_ follow: FollowSubscription) {
+        follow.stopped = true
+        guard let id = follow.id, case .follow(let current)? = streams[id], current === follow else { return }
+        streams[id] = nil
+        _ = send(.unsubscribe(.init(subscriptionID: id)))
+    }
+
+    private func subscribe(_ follow: FollowSubscription, from start: SubscriptionStart) {
+        guard !follow.stopped else { return }
+        follow.id = nil
+        let request = ClientMessage.subscribe(.init(namespace: follow.namespace, name: follow.name, start: start))
+        write(request, .subscribeFollow(follow)) { follow.feed.finish(throwing: $0) }
     }
 
     private func fail(_ error: StoreBrokerError) {
@@ -460,11 +509,11 @@ final class ClientHandler: ChannelInboundHandler {
             case .request(let promise): promise.fail(error)
             case .subscribe(let promise): promise.fail(error)
             case .subscribeDirect(let promise, _): promise.fail(error)
+            case .subscribeFollow(let follow): follow.feed.finish(throwing: error)
             }
         }
         let all = streams
         streams = [:]
-        lastPositions = [:]
         for sink in all.values { sink.finish(error) }
     }
 

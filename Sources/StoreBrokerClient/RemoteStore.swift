@@ -134,14 +134,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// broker is out of reach before the first load (the mirror keeps trying: it becomes `.value` once it loads).
     public var loadState: LoadState<[Item]> {
         registrar.access(self, keyPath: \.loadState)
-        return state.withLock { mirror in
-            switch mirror.phase {
-            case .idle: .idle
-            case .loading: .loading
-            case .value: .value(mirror.items())
-            case .error(let error): .error(error)
-            }
-        }
+        return state.withLock { mirror in mirror.phase.carrying(mirror.items()) }
     }
 
     /// Returns once the first snapshot is loaded. Throws what stopped the mirror (an undecodable item, say),

@@ -243,14 +243,7 @@ public final class RemoteValue<Value: Codable & Sendable>: Sendable {
 
     /// Idle, loading, loaded (the value), or the error that stopped the mirror (`cannotConnect` while the broker
     /// is out of reach before the first load: the mirror keeps trying).
-    public var loadState: LoadState<Value> {
-        switch mirror.phase {
-        case .idle: .idle
-        case .loading: .loading
-        case .value: .value(value)
-        case .error(let error): .error(error)
-        }
-    }
+    public var loadState: LoadState<Value> { mirror.phase.carrying(value) }
 
     /// Returns once the value has been received; throws as `RemoteStore.itemsHaveLoaded()` does.
     public func valueHasLoaded() async throws(StoreBrokerError) { try await mirror.hasLoaded() }
@@ -342,14 +335,7 @@ public final class RemoteSecureValue<Value: Codable & Sendable>: Sendable {
 
     public var sequence: UInt64 { mirror.sequence }
 
-    public var loadState: LoadState<Value?> {
-        switch mirror.phase {
-        case .idle: .idle
-        case .loading: .loading
-        case .value: .value(value)
-        case .error(let error): .error(error)
-        }
-    }
+    public var loadState: LoadState<Value?> { mirror.phase.carrying(value) }
 
     public func valueHasLoaded() async throws(StoreBrokerError) { try await mirror.hasLoaded() }
 

@@ -66,13 +66,14 @@ public enum Push: Sendable {
 }
 
 extension Push {
-    /// The position a reader that has taken this push is at: where it resumes. `nil` for the notices that move
-    /// it nowhere (`historyGone`: a snapshot follows; `lagged`).
-    public var position: Position? {
+    /// Where a reader that has taken this push resumes from (after `historyGone`, its stale point again: the
+    /// broker then says `historyGone` once more and sends the snapshot).
+    public var resumePosition: Position {
         switch self {
-        case .storeLoaded(let at, _), .valueLoaded(let at, _), .valueEvent(let at, _), .dropped(let at): at
+        case .storeLoaded(let at, _), .valueLoaded(let at, _), .valueEvent(let at, _), .dropped(let at),
+            .historyGone(let at), .lagged(let at):
+            at
         case .storeEvent(let commit): commit.position
-        case .historyGone, .lagged: nil
         }
     }
 }
