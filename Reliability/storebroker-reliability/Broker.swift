@@ -54,8 +54,9 @@ final class Broker: @unchecked Sendable {
         throw Failure("the daemon did not answer within 60 s: \(child.stderr)")
     }
 
-    func connect(name: String) async throws -> BrokerConnection {
-        try await BrokerConnection.connect(socketPath: socketPath, clientName: name, timeout: .seconds(10))
+    /// `pushBuffer`: what a subscription may hold for a reader that is behind (the library's default is 1,024).
+    func connect(name: String, pushBuffer: Int = 1024) async throws -> BrokerConnection {
+        try await BrokerConnection.connect(socketPath: socketPath, clientName: name, timeout: .seconds(10), pushBuffer: pushBuffer)
     }
 
     /// Whether the process is still running (reaping it if it ended).

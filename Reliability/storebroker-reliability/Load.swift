@@ -170,7 +170,10 @@ final class Watcher: @unchecked Sendable {
     private var task: Task<Void, Never>?
 
     init(broker: Broker, name: String) async throws {
-        connection = try await broker.connect(name: name)
+        // A watcher here must see every commit: under the full load (thousands of commits a second on two cores)
+        // it falls behind and catches up once the load ends, so its buffer holds up to 2^20 pushes. With the
+        // library's default (1,024) it would lag, and resume past the broker's history (ClientTests cover that).
+        connection = try await broker.connect(name: name, pushBuffer: 1 << 20)
         let stream = connection.follow(.store, name: LoadScenario.store, from: .snapshot)
         task = Task.detached { [self] in
             do {
