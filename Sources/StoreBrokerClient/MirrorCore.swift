@@ -267,8 +267,7 @@ extension Locked where Value: MirrorState {
     }
 
     /// The mirror stops for good: waiters get the error, streams end.
-    func stop(with error: any Error) {
-        let failure = error as? StoreBrokerError ?? StoreBrokerError(.protocolViolation, "\(error)", underlying: error)
+    func stop(with failure: StoreBrokerError) {
         let (waiting, streams) = withLock { state in
             state.phase = .error(failure)
             defer { state.streams = [:] }
