@@ -93,12 +93,16 @@ public final class BrokerConnection: Sendable {
     /// Sends `request` and returns its answer; an `error` answer is thrown as `refused`. The typed calls
     /// (`BrokerCalls.swift`) are the public way in.
     package func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
-        do {
-            return try await channel.eventLoop.flatSubmit { [handler] in handler.value.send(request) }.get()
-        } catch {
-            throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
+        // One hop to the event loop, and the answer resumes the caller straight from the read that brought it:
+        // no future, no promise.
+        let result = await withUnsafeContinuation { (continuation: Answer) in
+            channel.eventLoop.execute { [handler] in handler.value.send(request, continuation) }
         }
+        return try result.get()
     }
+
+    /// Where an answer goes: the waiting caller.
+    typealias Answer = UnsafeContinuation<Result<ServerMessage, StoreBrokerError>, Never>
 
     /// Sends several requests back to back (pipelined, in this order) and returns their outcomes in the same
     /// order; one failing does not stop the others.
@@ -246,6 +250,7 @@ final class ClientHandler: ChannelInboundHandler {
     private var timer: Scheduled<Void>?
 
     private enum Pending {
+        case answer(BrokerConnection.Answer)
         case request(EventLoopPromise<ServerMessage>)
         case subscribe(EventLoopPromise<BrokerSubscription>)
         case subscribeDirect(EventLoopPromise<UInt32>, any PushReceiver)
@@ -338,6 +343,13 @@ final class ClientHandler: ChannelInboundHandler {
             loop.value.timer = nil
             loop.value.watchOldest()
         }
+    }
+
+    func send(_ request: ClientMessage, _ continuation: BrokerConnection.Answer) {
+        guard context != nil else {
+            return continuation.resume(returning: .failure(StoreBrokerError(.connectionClosed, "the connection to the broker closed")))
+        }
+        write(request, .answer(continuation)) { continuation.resume(returning: .failure($0)) }
     }
 
     func send(_ request: ClientMessage) -> EventLoopFuture<ServerMessage> {
@@ -440,6 +452,10 @@ final class ClientHandler: ChannelInboundHandler {
         guard let entry = pending.removeValue(forKey: id) else { return }
         while let oldest = unanswered.first, pending[oldest.id] == nil { unanswered.removeFirst() }
         switch (entry, message) {
+        case (.answer(let continuation), .error(let error)):
+            continuation.resume(returning: .failure(StoreBrokerError(.refused, code: error.code, error.message)))
+        case (.answer(let continuation), _):
+            continuation.resume(returning: .success(message))
         case (.request(let promise), .error(let error)):
             promise.fail(StoreBrokerError(.refused, code: error.code, error.message))
         case (.subscribe(let promise), .error(let error)):
@@ -506,6 +522,7 @@ final class ClientHandler: ChannelInboundHandler {
         pending = [:]
         for entry in entries.values {
             switch entry {
+            case .answer(let continuation): continuation.resume(returning: .failure(error))
             case .request(let promise): promise.fail(error)
             case .subscribe(let promise): promise.fail(error)
             case .subscribeDirect(let promise, _): promise.fail(error)
