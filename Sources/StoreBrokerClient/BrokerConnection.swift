@@ -238,6 +238,8 @@ final class ClientHandler: ChannelInboundHandler {
     /// Fulfilled by the broker's welcome; failed by anything that ends the connection before it.
     private var established: EventLoopPromise<BrokerConnection.Established>?
     private var pending: [UInt32: Pending] = [:]
+    /// Answers read in this read cycle, resumed at its end (`channelReadComplete`).
+    private var answered: [(BrokerConnection.Answer, Result<ServerMessage, StoreBrokerError>)] = []
     private var streams: [UInt32: Sink] = [:]
     private let pushBuffer: Int
     private var nextID: UInt32 = 1
@@ -401,6 +403,7 @@ final class ClientHandler: ChannelInboundHandler {
                 established?.succeed((welcome, NIOLoopBound(self, eventLoop: context.eventLoop)))
                 established = nil
             case .failed(let error):
+                resumeAnswered()
                 fail(StoreBrokerError(established == nil ? .protocolViolation : .refused, code: error.code, error.message))
                 context.close(promise: nil)
                 return
@@ -409,6 +412,20 @@ final class ClientHandler: ChannelInboundHandler {
             }
         }
         input.discardReadBytes()
+    }
+
+    /// The answers of this read cycle go to their callers once every push in it has been handed on: a write's
+    /// caller then finds a mirror that already holds the commit its answer acknowledges.
+    func channelReadComplete(context: ChannelHandlerContext) {
+        resumeAnswered()
+        context.fireChannelReadComplete()
+    }
+
+    private func resumeAnswered() {
+        guard !answered.isEmpty else { return }
+        let ready = answered
+        answered.removeAll(keepingCapacity: true)
+        for (continuation, result) in ready { continuation.resume(returning: result) }
     }
 
     private func receive(id: UInt32, _ message: ServerMessage) {
@@ -453,9 +470,9 @@ final class ClientHandler: ChannelInboundHandler {
         while let oldest = unanswered.first, pending[oldest.id] == nil { unanswered.removeFirst() }
         switch (entry, message) {
         case (.answer(let continuation), .error(let error)):
-            continuation.resume(returning: .failure(StoreBrokerError(.refused, code: error.code, error.message)))
+            answered.append((continuation, .failure(StoreBrokerError(.refused, code: error.code, error.message))))
         case (.answer(let continuation), _):
-            continuation.resume(returning: .success(message))
+            answered.append((continuation, .success(message)))
         case (.request(let promise), .error(let error)):
             promise.fail(StoreBrokerError(.refused, code: error.code, error.message))
         case (.subscribe(let promise), .error(let error)):
@@ -512,6 +529,7 @@ final class ClientHandler: ChannelInboundHandler {
     }
 
     private func fail(_ error: StoreBrokerError) {
+        resumeAnswered()
         if failure == nil { failure = error }
         timer?.cancel()
         timer = nil
