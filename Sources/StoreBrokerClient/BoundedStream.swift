@@ -6,7 +6,8 @@ import NIOCore
 ///
 /// The producer (the library) decides what a full buffer means: a store's events lag explicitly (`lagged`,
 /// then a fresh `loaded`), a value keeps its newest state, a subscription's pushes end with `lagged` and the
-/// library subscribes again from there. Iterating it twice shares the elements (one consumer is the intent).
+/// library subscribes again from there. It has one reader: iterating it twice shares the elements, and a second
+/// reader waiting ends the first one's iteration.
 public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, Sendable {
     private let consumer: Consumer
 
@@ -155,6 +156,7 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
             let result = await withTaskCancellationHandler {
                 await withCheckedContinuation { (continuation: CheckedContinuation<Result<Element?, Failure>, Never>) in
                     var producer: CheckedContinuation<Bool?, Never>?
+                    var superseded: CheckedContinuation<Result<Element?, Failure>, Never>?
                     let now = state.withLock { state -> Result<Element?, Failure>? in
                         if let first = state.buffer.popFirst() {
                             state.lastTaken = first
@@ -169,11 +171,14 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
                         case .success?: return .success(nil)
                         case nil:
                             if Task.isCancelled { return .success(nil) }
+                            // One reader at a time: a second one waiting ends the first's iteration (no hang).
+                            superseded = state.waiting
                             state.waiting = continuation
                             return nil
                         }
                     }
                     producer?.resume(returning: nil)  // room now: it looks again
+                    superseded?.resume(returning: .success(nil))
                     if let now { continuation.resume(returning: now) }
                 }
             } onCancel: {
