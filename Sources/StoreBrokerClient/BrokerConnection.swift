@@ -348,9 +348,6 @@ final class ClientHandler: ChannelInboundHandler {
     }
 
     func send(_ request: ClientMessage, _ continuation: BrokerConnection.Answer) {
-        guard context != nil else {
-            return continuation.resume(returning: .failure(StoreBrokerError(.connectionClosed, "the connection to the broker closed")))
-        }
         write(request, .answer(continuation)) { continuation.resume(returning: .failure($0)) }
     }
 
@@ -403,7 +400,6 @@ final class ClientHandler: ChannelInboundHandler {
                 established?.succeed((welcome, NIOLoopBound(self, eventLoop: context.eventLoop)))
                 established = nil
             case .failed(let error):
-                resumeAnswered()
                 fail(StoreBrokerError(established == nil ? .protocolViolation : .refused, code: error.code, error.message))
                 context.close(promise: nil)
                 return
@@ -444,10 +440,8 @@ final class ClientHandler: ChannelInboundHandler {
                     feed.yieldPastCapacity(push)  // the broker's word always arrives
                     finishStream(id, error: nil)
                 } else if !feed.yield(push) {
-                    // Its reader is that far behind: it lags here, as the broker's own slow subscribers do.
-                    feed.replaceUnread(with: [.lagged(feed.lastTaken?.resumePosition ?? Position(epoch: 0, sequence: 0))])
-                    finishStream(id, error: nil)
-                    _ = send(.unsubscribe(.init(subscriptionID: id)))  // nobody waits for the answer
+                    lag(id, feed)
+                    feed.finish()
                 }
             case .follow(let follow):
                 if case .lagged(let at) = push {
@@ -455,12 +449,8 @@ final class ClientHandler: ChannelInboundHandler {
                     streams[id] = nil
                     subscribe(follow, from: .resume(epoch: at.epoch, sequence: at.sequence))
                 } else if !follow.feed.yield(push) {
-                    // Its reader is that far behind: what it has not taken goes, and the follow goes on from the
-                    // last push it took (from its start if none).
-                    let taken = follow.feed.lastTaken?.resumePosition
-                    follow.feed.replaceUnread(with: [.lagged(taken ?? Position(epoch: 0, sequence: 0))])
-                    streams[id] = nil
-                    _ = send(.unsubscribe(.init(subscriptionID: id)))
+                    // The follow goes on from the last push its reader took (from its start if none).
+                    let taken = lag(id, follow.feed)
                     subscribe(follow, from: taken.map { .resume(epoch: $0.epoch, sequence: $0.sequence) } ?? follow.start)
                 }
             }
@@ -504,6 +494,18 @@ final class ClientHandler: ChannelInboundHandler {
         case (.subscribe(let promise), _):
             promise.fail(StoreBrokerError(.protocolViolation, "subscribe was answered with \(message.type.name)"))
         }
+    }
+
+    /// A reader `pushBuffer` pushes behind lags here, as the broker's own slow subscribers do: what it has not
+    /// taken is replaced by `lagged` at the last push it took, and the broker stops sending for this subscription.
+    /// Returns that push's position (`nil`: it took none).
+    @discardableResult
+    private func lag(_ id: UInt32, _ feed: BoundedStream<Push, StoreBrokerError>.Feed) -> Position? {
+        let taken = feed.lastTaken?.resumePosition
+        feed.replaceUnread(with: [.lagged(taken ?? Position(epoch: 0, sequence: 0))])
+        streams[id] = nil
+        _ = send(.unsubscribe(.init(subscriptionID: id)))  // nobody waits for the answer
+        return taken
     }
 
     func finishStream(_ id: UInt32, error: StoreBrokerError?) {

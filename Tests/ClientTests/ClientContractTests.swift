@@ -17,49 +17,38 @@ private func note(_ id: String, _ text: String = "") -> AppNote { AppNote(id: id
 
 private func nowhere() -> String { "/tmp/storebroker-nowhere-\(UInt64.random(in: 0..<1 << 60)).sock" }
 
-/// True once `condition` holds, polling for at most `seconds`.
-private func eventually(_ seconds: Double = 5, _ condition: () -> Bool) async -> Bool {
-    let deadline = ContinuousClock.now + .milliseconds(Int(seconds * 1000))
-    while ContinuousClock.now < deadline {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(5))
-    }
-    return condition()
-}
-
 @Suite struct MirrorsNeverHang {
     @Test func loadingWithNoBrokerFailsWithinTheConnectTimeoutAndKeepsTrying() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("sbc-\(UInt64.random(in: 0..<1 << 60))").path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let socket = directory + "/late.sock"
-        let client = BrokerClient(socketPath: socket, connectTimeout: .milliseconds(300))
-        let notes = RemoteStore<AppNote>(client: client, name: "notes")
-        let started = ContinuousClock.now
-        do throws(StoreBrokerError) {
-            try await notes.itemsHaveLoaded()
-            Issue.record("itemsHaveLoaded returned with no broker running")
-        } catch {
-            #expect(error.kind == .cannotConnect)  // `error` is a StoreBrokerError: typed throws
-            #expect(error.message.contains(socket) && error.message.contains("retrying in the background"))
-        }
-        // Within the connect timeout, give or take a busy test process (a hang would never end: no bound is
-        // tight enough for a parallel test run on two cores, 30 s tells the two apart).
-        #expect(ContinuousClock.now - started < .seconds(30))
-        guard case .error(let error) = notes.loadState else {
-            Issue.record("loadState is \(notes.loadState), not the error")
-            return
-        }
-        #expect(error.isUnavailable)
-        // The async initializer says the same.
-        await #expect(throws: StoreBrokerError.self) { try await RemoteStore<AppNote>(client: client, loading: "notes") }
+        try await withTemporaryDirectory(prefix: "sbc") { directory in
+            let socket = directory + "/late.sock"
+            let client = BrokerClient(socketPath: socket, connectTimeout: .milliseconds(300))
+            let notes = RemoteStore<AppNote>(client: client, name: "notes")
+            let started = ContinuousClock.now
+            do throws(StoreBrokerError) {
+                try await notes.itemsHaveLoaded()
+                Issue.record("itemsHaveLoaded returned with no broker running")
+            } catch {
+                #expect(error.kind == .cannotConnect)  // `error` is a StoreBrokerError: typed throws
+                #expect(error.message.contains(socket) && error.message.contains("retrying in the background"))
+            }
+            // Within the connect timeout, give or take a busy test process (a hang would never end: no bound is
+            // tight enough for a parallel test run on two cores, 30 s tells the two apart).
+            #expect(ContinuousClock.now - started < .seconds(30))
+            guard case .error(let error) = notes.loadState else {
+                Issue.record("loadState is \(notes.loadState), not the error")
+                return
+            }
+            #expect(error.isUnavailable)
+            // The async initializer says the same.
+            await #expect(throws: StoreBrokerError.self) { try await RemoteStore<AppNote>(client: client, loading: "notes") }
 
-        // The broker appears: the mirror, still trying in the background, loads.
-        let broker = try await TemporaryBroker(engine: "memory") { $0.socketPath = socket }
-        try await broker.client.connection().write("notes", .insert([Item(id: "1", payload: Payload(#"{"id":"1","text":"late"}"#))]))
-        #expect(await eventually { notes.loadState.value?.map(\.text) == ["late"] })
-        try await notes.itemsHaveLoaded()
-        await broker.remove()
+            // The broker appears: the mirror, still trying in the background, loads.
+            let broker = try await TemporaryBroker(engine: "memory") { $0.socketPath = socket }
+            try await broker.client.connection().write("notes", .insert([Item(id: "1", payload: Payload(#"{"id":"1","text":"late"}"#))]))
+            #expect(await eventually { notes.loadState.value?.map(\.text) == ["late"] })
+            try await notes.itemsHaveLoaded()
+            await broker.remove()
+        }
     }
 
     @Test func aWaitingTaskCanBeCancelledAndCloseReleasesWaiters() async throws {

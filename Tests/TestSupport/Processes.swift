@@ -146,3 +146,14 @@ public func runProgram(_ arguments: [String], stdin: String? = nil, in directory
     return result
 }
 
+
+/// Polls `condition` every 20 ms, at most `seconds`: for waiting on something another process or task does
+/// (a line in a file, a mirror catching up), never for timing.
+public func eventually(within seconds: Double = 30, _ condition: () throws -> Bool) async rethrows -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if try condition() { return true }
+        try? await Task.sleep(for: .milliseconds(20))
+    }
+    return try condition()
+}
