@@ -14,6 +14,11 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
     private let state: Locked<State>
     private let follower = Locked<Task<Void, Never>?>(nil)
     private let registrar = ObservationRegistrar()
+    private let coding = MirrorCoding()
+    // Made once (see RemoteStore's): a key path into a generic class is instantiated at run time.
+    private let currentKey: KeyPath<ValueMirror, Value?> & Sendable = \.current
+    private let sequenceKey: KeyPath<ValueMirror, UInt64> & Sendable = \.sequence
+    private let phaseKey: KeyPath<ValueMirror, LoadState<Void>> & Sendable = \.phase
 
     private struct State: MirrorState, @unchecked Sendable {  // Value is Sendable; the continuations too
         var value: Value?
@@ -39,11 +44,11 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
                 resumePoint: { [weak self] in self?.resumePoint() ?? .snapshot },
                 unavailable: { [weak self] error in
                     guard let self else { return }
-                    registrar.withMutation(of: self, keyPath: \.phase) { state.unavailable(error) }
+                    registrar.withMutation(of: self, keyPath: phaseKey) { state.unavailable(error) }
                 },
                 handle: { [weak self] push throws(StoreBrokerError) in try self?.apply(push) })
             guard let self, let failure else { return }
-            registrar.withMutation(of: self, keyPath: \.phase) { state.stop(with: failure) }
+            registrar.withMutation(of: self, keyPath: phaseKey) { state.stop(with: failure) }
         }
         self.follower.withLock { $0 = task }
     }
@@ -52,23 +57,23 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
 
     func close() {
         follower.withLock { $0?.cancel() }
-        registrar.withMutation(of: self, keyPath: \.phase) {
+        registrar.withMutation(of: self, keyPath: phaseKey) {
             state.stop(with: StoreBrokerError(.closed, "\(what) was closed"))
         }
     }
 
     var current: Value? {
-        registrar.access(self, keyPath: \.current)
+        registrar.access(self, keyPath: currentKey)
         return state.withLock { $0.value }
     }
 
     var sequence: UInt64 {
-        registrar.access(self, keyPath: \.sequence)
+        registrar.access(self, keyPath: sequenceKey)
         return state.withLock { $0.sequence }
     }
 
     var phase: LoadState<Void> {
-        registrar.access(self, keyPath: \.phase)
+        registrar.access(self, keyPath: phaseKey)
         return state.withLock { $0.phase }
     }
 
@@ -78,17 +83,15 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
 
     func decode(_ payload: Payload) throws(StoreBrokerError) -> Value {
         do {
-            return try JSONDecoder().decode(Value.self, from: Data(payload.bytes.readableBytesView))
+            return try coding.decode(Value.self, from: payload)
         } catch {
             throw StoreBrokerError(.cannotDecode, "\(what) cannot be decoded: \(error)", underlying: error)
         }
     }
 
     func encode(_ value: Value) throws(StoreBrokerError) -> Payload {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
         do {
-            return Payload(ByteBuffer(bytes: try encoder.encode(value)))
+            return try coding.encode(value)
         } catch {
             throw StoreBrokerError(.cannotEncode, "a new state of \(what) cannot be encoded: \(error)", underlying: error)
         }
@@ -131,9 +134,9 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
 
     private func store(_ update: (epoch: UInt64, sequence: UInt64, value: Value?), unlessOlder: Bool = false) {
         let loading = !state.withLock { $0.isLoaded }
-        registrar.willSet(self, keyPath: \.current)
-        registrar.willSet(self, keyPath: \.sequence)
-        if loading { registrar.willSet(self, keyPath: \.phase) }
+        registrar.willSet(self, keyPath: currentKey)
+        registrar.willSet(self, keyPath: sequenceKey)
+        if loading { registrar.willSet(self, keyPath: phaseKey) }
         let (released, streams) = state.withLock { state -> ([MirrorWaiters.Continuation], [BoundedStream<Value?, Never>.Feed]) in
             if unlessOlder, state.isLoaded, state.epoch == update.epoch, state.sequence > update.sequence { return ([], []) }
             state.value = update.value
@@ -142,9 +145,9 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
             state.phase = .value(())
             return (state.waiters.takeLoads() + state.waiters.advance(to: state.position), Array(state.streams.values))
         }
-        if loading { registrar.didSet(self, keyPath: \.phase) }
-        registrar.didSet(self, keyPath: \.sequence)
-        registrar.didSet(self, keyPath: \.current)
+        if loading { registrar.didSet(self, keyPath: phaseKey) }
+        registrar.didSet(self, keyPath: sequenceKey)
+        registrar.didSet(self, keyPath: currentKey)
         // A reader that is behind gets the newest state in place of what it has not read: a value's history
         // is not what anyone waits for, its state is.
         for stream in streams where !stream.yield(update.value) { stream.replaceUnread(with: [update.value]) }

@@ -8,6 +8,11 @@
 void __tsan_acquire(void *address) __attribute__((weak));
 void __tsan_release(void *address) __attribute__((weak));
 
+/// Whether this process runs under ThreadSanitizer.
+static inline int sb_tsan_active(void) {
+    return __tsan_acquire != 0;
+}
+
 /// The lock at `address` was acquired: what its last holder wrote before releasing it happened before now.
 static inline void sb_tsan_acquire(void *address) {
     if (__tsan_acquire) __tsan_acquire(address);
