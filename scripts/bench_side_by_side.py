@@ -307,6 +307,8 @@ class Bench:
                  "lower", "load generator insert p50")
         self.add("RemoteStore.insert p50 (memory)", [r["remotestore_p50_us"] for r in runs], generator, "µs",
                  "lower", "load generator insert p50")
+        self.add("RemoteStore.insert p50, task on client.executor (memory)",
+                 [r["remotestore_executor_p50_us"] for r in runs], generator, "µs", "lower", "load generator insert p50")
         # An event applied to a 100,000-item mirror costs what it changes: the same rate as a 100-item mirror's.
         self.add("RemoteStore mirror of 100,000 items: events applied/s",
                  [r["mirror_100000_events_per_s"] for r in runs], [r["mirror_100_events_per_s"] for r in runs],

@@ -3,6 +3,8 @@ import Glibc
 #endif
 import Foundation
 import Locking
+import NIOCore
+import NIOPosix
 import Wire
 
 /// A client of the broker: one connection, opened on first use and opened again after the broker restarts.
@@ -19,6 +21,22 @@ public final class BrokerClient: Sendable {
     /// How many events (a store's) or values a stream holds for a reader that has not taken them; past that a
     /// store's stream lags (`lagged`, then a fresh `loaded`) and a value's keeps the newest.
     public let eventBuffer: Int
+    /// Runs a task's jobs on the thread that serves this client's connection (its event loop), for a task that
+    /// makes requests one after another (an import, a sync agent, a benchmark):
+    ///
+    /// ```swift
+    /// try await withTaskExecutorPreference(client.executor) {
+    ///     for note in notes { try await store.insert(note) }
+    /// }
+    /// ```
+    ///
+    /// Elsewhere each request crosses from the caller's thread to the connection's and back, two hand-offs
+    /// between threads; on this executor it crosses none. What runs there holds up the connection's reads and
+    /// writes (and any other connection on the same loop) while it runs: keep long computations and blocking
+    /// calls off it.
+    public let executor: any TaskExecutor
+    /// The loop every connection of this client lives on.
+    let eventLoop: any EventLoop
     private let current = Locked<BrokerConnection?>(nil)
 
     /// The client of the default socket, for the property wrappers' defaults (`@StoredValue(key:)`).
@@ -33,6 +51,8 @@ public final class BrokerClient: Sendable {
         self.clientName = clientName
         self.connectTimeout = connectTimeout
         self.eventBuffer = eventBuffer
+        self.eventLoop = MultiThreadedEventLoopGroup.singleton.next()
+        self.executor = EventLoopTaskExecutor(eventLoop)
     }
 
     /// This process's name, for the broker's logs.
@@ -44,7 +64,7 @@ public final class BrokerClient: Sendable {
     public func connection() async throws(StoreBrokerError) -> BrokerConnection {
         if let open = current.withLock({ $0 }), open.isOpen { return open }
         let fresh = try await BrokerConnection.connect(
-            socketPath: socketPath, clientName: clientName, handshakeTimeout: connectTimeout)
+            socketPath: socketPath, clientName: clientName, handshakeTimeout: connectTimeout, eventLoop: eventLoop)
         let kept = current.withLock { current -> BrokerConnection in
             if let other = current, other.isOpen { return other }
             current = fresh
@@ -99,4 +119,16 @@ extension StoreBrokerError {
     public var isConflict: Bool { kind == .refused && code == .conflict }
     /// The broker could not be reached or went away.
     public var isUnavailable: Bool { kind == .cannotConnect || kind == .connectionClosed }
+}
+
+/// A task executor that runs jobs on a NIO event loop, after whatever the loop is doing (`BrokerClient.executor`).
+final class EventLoopTaskExecutor: TaskExecutor {
+    private let eventLoop: any EventLoop
+
+    init(_ eventLoop: any EventLoop) { self.eventLoop = eventLoop }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        eventLoop.execute { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+    }
 }

@@ -44,16 +44,18 @@ public final class BrokerConnection: Sendable {
     /// has not taken is dropped and the stream ends with `lagged` at the last push it took (the broker is told
     /// to stop sending), as the broker does with its own slow subscribers: a reader that stops reading costs
     /// bounded memory. `follow(...)` resumes from there by itself.
+    ///
+    /// The connection lives on `eventLoop` (one of NIO's shared loops when nil): see `BrokerClient.executor`.
     public static func connect(
         socketPath: String = defaultSocketPath(), clientName: String, timeout: Duration? = nil,
-        handshakeTimeout: Duration? = nil, pushBuffer: Int = 1024
+        handshakeTimeout: Duration? = nil, pushBuffer: Int = 1024, eventLoop: (any EventLoop)? = nil
     ) async throws(StoreBrokerError) -> BrokerConnection {
         let timeAmount = timeout.map(TimeAmount.init)
         let handshakeTime = (handshakeTimeout ?? timeout).map(TimeAmount.init)
         // The handler says hello from the event loop as soon as the socket is connected, and fulfils `established`
         // with the broker's welcome: no hop through the caller's task between connecting and the hello (a busy
         // process must not let the broker's handshake timeout run out on a connection it has opened).
-        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let loop = eventLoop ?? MultiThreadedEventLoopGroup.singleton.next()
         let established = loop.makePromise(of: Established.self)
         let channel: any Channel
         do {
@@ -93,10 +95,14 @@ public final class BrokerConnection: Sendable {
     /// Sends `request` and returns its answer; an `error` answer is thrown as `refused`. The typed calls
     /// (`BrokerCalls.swift`) are the public way in.
     package func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
-        // One hop to the event loop, and the answer resumes the caller straight from the read that brought it:
-        // no future, no promise.
+        // One hop to the event loop (none for a task that prefers it as its executor), and the answer resumes
+        // the caller straight from the read that brought it: no future, no promise.
         let result = await withUnsafeContinuation { (continuation: Answer) in
-            channel.eventLoop.execute { [handler] in handler.value.send(request, continuation) }
+            if channel.eventLoop.inEventLoop {
+                handler.value.send(request, continuation)
+            } else {
+                channel.eventLoop.execute { [handler] in handler.value.send(request, continuation) }
+            }
         }
         return try result.get()
     }
