@@ -80,15 +80,33 @@ struct ValueGet<Kind: ValueKind>: AsyncParsableCommand {
             commandName: "get",
             abstract: Kind.namespace == .secureValue
                 ? "Print a secret (unquoted); exit 66 if it is not set." : "Print a value as stored; exit 66 if it is not set.",
-            discussion: "Example:\n  storectl \(Kind.command) get theme")
+            discussion: """
+                --meta prints one JSON line with the sequence to pass to --expect, and exits 0 even when it is
+                not set: {"epoch":3,"sequence":12,"set":true,"value":...} or {"epoch":3,"sequence":13,"set":false}
+                (0 and 0 for one never set). A secret's value is its JSON string.
+
+                Example:
+                  storectl \(Kind.command) get theme
+                """)
     }
 
     @OptionGroup var global: GlobalOptions
     @Argument(help: "The name.") var name: String
+    @Flag(help: "Print its epoch and sequence with it, as one JSON line.") var meta = false
 
     func run() async throws {
         try await reporting {
-            guard case .set(let payload) = try await global.connect().value(name, in: Kind.namespace).value else {
+            let answer = try await global.connect().value(name, in: Kind.namespace)
+            if meta {
+                var line = #"{"epoch":\#(answer.position.epoch),"sequence":\#(answer.position.sequence),"set":"#
+                if case .set(let payload) = answer.value {
+                    line += #"true,"value":"# + String(buffer: payload.bytes) + "}"
+                } else {
+                    line += "false}"
+                }
+                return Output.line(line)
+            }
+            guard case .set(let payload) = answer.value else {
                 throw Failure(Failure.notFound, "\(Kind.command) \(name) is not set")
             }
             Output.line(Kind.render(payload.bytes))
@@ -102,20 +120,81 @@ struct ValueSet<Kind: ValueKind>: AsyncParsableCommand {
             commandName: "set",
             abstract: "Set it; prints its new sequence (nothing if it already held exactly this).",
             discussion: Kind.namespace == .secureValue
-                ? "Example:\n  storectl secret set api-token 's3cr3t'"
-                : "Example:\n  storectl value set theme '{\"dark\":true}'")
+                ? """
+                    Without VALUE the secret is read from standard input (all of it, less one final newline), or
+                    asked for without echo when standard input is a terminal: an argument can be read by any user
+                    from /proc while storectl runs.
+
+                    Examples:
+                      storectl secret set api-token              # asks for it
+                      pass show api | storectl secret set api-token
+                    """
+                : """
+                    Without VALUE the JSON is read from standard input.
+
+                    Example:
+                      storectl value set theme '{"dark":true}'
+                    """)
     }
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var condition: ValueConditionOptions
     @Argument(help: "The name.") var name: String
-    @Argument(help: Kind.namespace == .secureValue ? "The secret (a string)." : "The value (JSON).") var value: String
+    @Argument(
+        help: Kind.namespace == .secureValue
+            ? "The secret (a string); omit it to read it from standard input." : "The value (JSON); omit it to read it from standard input.")
+    var value: String?
 
     func run() async throws {
-        try await write(global) {
-            try await $0.setValue(
-                name, in: Kind.namespace, to: Payload(try Kind.encode(value)), condition: condition.condition)
+        try await reporting {
+            // Read (and checked) before connecting: a bad input needs no broker.
+            let given = try value ?? StandardInput.value(prompt: "\(Kind.command) \(name): ", echo: Kind.namespace != .secureValue)
+            let payload = Payload(try Kind.encode(given))
+            printWriteResult(
+                try await global.connect().setValue(name, in: Kind.namespace, to: payload, condition: condition.condition))
         }
+    }
+}
+
+/// A value that was not given on the command line.
+enum StandardInput {
+    /// From a terminal: one line, after `prompt` on standard error, echoed or not. Otherwise all of standard
+    /// input, less one final newline (`printf 'x\n' | ...` and `printf x | ...` give the same). Empty is an error.
+    static func value(prompt: String, echo: Bool) throws -> String {
+        var text: String
+        if isatty(STDIN_FILENO) == 1 {
+            FileHandle.standardError.write(Data(prompt.utf8))
+            text = echo ? readLine() ?? "" : try readLineWithoutEcho()
+        } else {
+            let data = FileHandle.standardInput.readDataToEndOfFile()
+            guard let decoded = String(validating: data, as: UTF8.self) else {
+                throw Failure(Failure.badInput, "standard input is not UTF-8")
+            }
+            text = decoded
+            if text.hasSuffix("\r\n") {
+                text.removeLast()  // "\r\n" is one Character
+            } else if text.hasSuffix("\n") {
+                text.removeLast()
+            }
+        }
+        guard !text.isEmpty else { throw Failure(Failure.badInput, "no value given (as an argument or on standard input)") }
+        return text
+    }
+
+    /// Reads a line from the terminal with echo off, restoring the terminal's mode afterwards.
+    private static func readLineWithoutEcho() throws -> String {
+        var saved = termios()
+        guard tcgetattr(STDIN_FILENO, &saved) == 0 else { throw Failure(Failure.ioError, "cannot read the terminal's mode") }
+        var quiet = saved
+        quiet.c_lflag &= ~tcflag_t(ECHO)
+        guard tcsetattr(STDIN_FILENO, TCSAFLUSH, &quiet) == 0 else {
+            throw Failure(Failure.ioError, "cannot turn the terminal's echo off")
+        }
+        defer {
+            tcsetattr(STDIN_FILENO, TCSAFLUSH, &saved)
+            FileHandle.standardError.write(Data("\n".utf8))
+        }
+        return readLine() ?? ""
     }
 }
 
