@@ -166,7 +166,11 @@ private final class EventLog: Sendable {
     @Test func afterARestartTheMirrorResumesAndEndsEqualToTheBroker() async throws {
         let broker = try await TemporaryBroker()
         defer { Task { await broker.remove() } }
-        let store = RemoteStore<Note>(client: broker.client, name: "notes")
+        // A connect timeout longer than any restart: on a starved machine (a full test run beside a sanitizer
+        // build) the restart took over 5 s, the mirror told its waiters the broker was unavailable, and the
+        // write below returned before the mirror caught up (as it must when the broker is gone for that long).
+        let client = BrokerClient(socketPath: broker.client.socketPath, connectTimeout: .seconds(60))
+        let store = RemoteStore<Note>(client: client, name: "notes")
         try await store.insert((1...10).map { note("\($0)") })
         // Writes made by someone else around the restart: whether the mirror resumes from its last sequence or
         // (the restart lost the history) is told the history is gone and takes a fresh snapshot, it must end
@@ -180,6 +184,7 @@ private final class EventLog: Sendable {
         try await store.insert(note("12"))
         #expect(store.items.map(\.id) == ["1", "2", "4", "5", "6", "7", "8", "9", "10", "11", "12"])
         await other.close()
+        await client.close()
         await broker.remove()
     }
 }
