@@ -51,13 +51,19 @@ enum JSON {
         return Item(id: try id(object[idField], field: idField, where: place), payload: Payload(trimmed))
     }
 
-    /// An id: a string, or a number as its decimal text.
+    /// An id: a string, or an integral number below 2^53 in magnitude as its shortest decimal text (`1.0` and
+    /// `1e0` are "1", `1e3` is "1000", `-0` is "0"): the numbers every JSON reader holds exactly. Any other
+    /// number is refused rather than turned into text that another reader would spell differently.
     static func id(_ value: Any?, field: String, where place: String) throws -> ItemID {
         switch value {
         case let string as String:
             return ItemID(string)
         case let number as NSNumber where !(number is Bool):
-            return ItemID(number.stringValue)
+            return try integralID(number.doubleValue, field: field, where: place)
+        case let number as Double:  // how Foundation on Linux hands over some numbers (-0)
+            return try integralID(number, field: field, where: place)
+        case let number as Int:
+            return try integralID(Double(number), field: field, where: place)
         case nil:
             throw Failure(Failure.badInput, "\(place): no \(JSON.string(field)) field")
         default:
@@ -65,14 +71,29 @@ enum JSON {
         }
     }
 
+    private static func integralID(_ number: Double, field: String, where place: String) throws -> ItemID {
+        guard number.isFinite, number == number.rounded(.towardZero), abs(number) < 0x1p53 else {
+            throw Failure(
+                Failure.badInput,
+                "\(place): the \(JSON.string(field)) field is \(number): a numeric id must be an integer below 2^53 in magnitude (else give it as a string)")
+        }
+        return ItemID(String(Int64(number)))
+    }
+
     /// The non-empty lines of standard input, numbered from 1.
-    static func standardInputLines() -> [(number: Int, text: Substring)] {
-        let data = FileHandle.standardInput.readDataToEndOfFile()
-        let text = String(decoding: data, as: UTF8.self)
+    static func standardInputLines() throws -> [(number: Int, text: Substring)] {
+        try lines(of: FileHandle.standardInput.readDataToEndOfFile(), source: "")
+    }
+
+    /// The non-empty lines of `data`, numbered from 1. A line that is not UTF-8 is an error naming it (never
+    /// text with U+FFFD in place of its bytes: that would store something else than what was given).
+    static func lines(of data: Data, source: String) throws -> [(number: Int, text: Substring)] {
         var lines: [(Int, Substring)] = []
-        for (index, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated()
-        where !line.allSatisfy(\.isWhitespace) {
-            lines.append((index + 1, line))
+        for (index, bytes) in data.split(separator: 0x0A, omittingEmptySubsequences: false).enumerated() {
+            guard let line = String(validating: bytes, as: UTF8.self) else {
+                throw Failure(Failure.badInput, "\(source)line \(index + 1): not valid UTF-8")
+            }
+            if !line.allSatisfy(\.isWhitespace) { lines.append((index + 1, Substring(line))) }
         }
         return lines
     }

@@ -75,12 +75,8 @@ struct Import: AsyncParsableCommand {
                 data = contents
             }
             var items: [Item] = []
-            var number = 0
-            for line in data.split(separator: 0x0A, omittingEmptySubsequences: false) {
-                number += 1
-                let text = String(decoding: line, as: UTF8.self)
-                if text.allSatisfy(\.isWhitespace) { continue }
-                items.append(try JSON.item(Substring(text), idField: idField, where: "\(file) line \(number)"))
+            for line in try JSON.lines(of: data, source: "\(file) ") {
+                items.append(try JSON.item(line.text, idField: idField, where: "\(file) line \(line.number)"))
             }
             let connection = try await global.connect()
             if atomic {

@@ -25,7 +25,7 @@ struct Insert: AsyncParsableCommand {
         try await reporting {
             var parsed: [Item] = []
             if items.isEmpty {
-                for line in JSON.standardInputLines() {
+                for line in try JSON.standardInputLines() {
                     parsed.append(try JSON.item(line.text, idField: idField, where: "line \(line.number)"))
                 }
             } else {
@@ -122,7 +122,7 @@ struct Apply: AsyncParsableCommand {
     func run() async throws {
         try await reporting {
             var steps: [ChainStep] = []
-            for line in JSON.standardInputLines() {
+            for line in try JSON.standardInputLines() {
                 let place = "line \(line.number)"
                 guard let object = JSON.parse(line.text) as? [String: Any], let op = object["op"] as? String else {
                     throw Failure(Failure.badInput, "\(place): expected {\"op\": ...}")

@@ -81,3 +81,43 @@ extension Integration {
         }
     }
 }
+
+extension Integration {
+    /// One rule for numeric ids, and input that is not UTF-8 refused (issue 17, point 5).
+    @Suite struct ShellInputRules {
+        /// An integral number below 2^53 becomes its shortest decimal text; any other number is exit 65 naming
+        /// the line, and nothing of that input is written.
+        @Test func numericIdsFollowOneRule() async throws {
+            try await Daemon.with { daemon in
+                let input = [#"{"id":1.0}"#, #"{"id":1e3}"#, #"{"id":-0}"#, #"{"id":7}"#, #"{"id":-9007199254740991}"#]
+                var result = try await daemon.storectl(["insert", "n"], stdin: input.joined(separator: "\n") + "\n")
+                #expect(result.status == 0, "\(result.stderr)")
+                result = try await daemon.storectl(["query", "n", "--meta"])
+                let ids = result.lines.compactMap {
+                    (try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])?["id"] as? String
+                }
+                #expect(ids == ["1", "1000", "0", "7", "-9007199254740991"], "\(result.stdout)")
+                for bad in ["1.5", "9007199254740992", "1e300"] {
+                    result = try await daemon.storectl(["insert", "m"], stdin: "{\"id\":\"ok\"}\n{\"id\":\(bad)}\n")
+                    #expect(result.status == 65 && result.stderr.contains("line 2"), "\(bad): \(result.stderr)")
+                    #expect(result.stderr.contains("integer below 2^53"), "\(result.stderr)")
+                }
+                #expect(try await daemon.storectl(["count", "m"]).stdout == "0\n")
+            }
+        }
+
+        /// A line of an import file that is not UTF-8 is exit 65 naming it, and nothing is written: no U+FFFD in
+        /// place of what was given.
+        @Test func invalidUTF8IsRefusedNotReplaced() async throws {
+            try await Daemon.with { daemon in
+                let file = daemon.directory + "/bad.ndjson"
+                var bytes = Array(#"{"id":"a","text":"fine"}"#.utf8) + [0x0A]
+                bytes += Array(#"{"id":"b","text":"caf"#.utf8) + [0xE9] + Array(#""}"#.utf8) + [0x0A]
+                try Data(bytes).write(to: URL(fileURLWithPath: file))
+                let result = try await daemon.storectl(["import", "n", file])
+                #expect(result.status == 65 && result.stderr.contains("line 2: not valid UTF-8"), "\(result.stderr)")
+                #expect(try await daemon.storectl(["count", "n"]).stdout == "0\n")
+            }
+        }
+    }
+}
