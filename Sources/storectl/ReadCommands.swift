@@ -286,3 +286,37 @@ enum Table {
         return formatter.string(from: date)
     }
 }
+
+/// `get STORE ID`: one item, as redis-cli's `GET` and `dconf read` give one value.
+struct Get: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print one item exactly as stored; exit 66 if the store does not hold it.",
+        discussion: """
+            --meta wraps it as {"id","createdAt","updatedAt","item"} (times in ms since the Unix epoch). For
+            several ids: query STORE --id A --id B.
+
+            Example:
+              storectl get notes 42
+            """)
+
+    @OptionGroup var global: GlobalOptions
+    @Argument(help: "The store.") var store: String
+    @Argument(help: "The item's id.") var id: String
+    @Flag(help: "Wrap it with its id and timestamps.") var meta = false
+
+    func run() async throws {
+        try await reporting {
+            let connection = try await global.connect()
+            let slots = try await connection.items(store, ids: [ItemID(id)]).value
+            await connection.close()
+            guard case .present(let record) = slots.first else {
+                throw Failure(Failure.notFound, "not in store \(store): \(JSON.string(id))")
+            }
+            if meta {
+                Output.line(Query.metaLine(record))
+            } else {
+                Output.bytes(Array(record.payload.bytes.readableBytesView) + [0x0A])
+            }
+        }
+    }
+}

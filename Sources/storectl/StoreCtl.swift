@@ -23,7 +23,7 @@ struct StoreCtl: AsyncParsableCommand {
             """,
         version: "storectl \(StoreBrokerVersion.string)",
         subcommands: [
-            Ping.self, Insert.self, Remove.self, Clear.self, Drop.self, Apply.self, Query.self, Count.self,
+            Ping.self, Insert.self, Remove.self, Clear.self, Drop.self, Apply.self, Get.self, Query.self, Count.self,
             Stores.self, Engines.self, Watch.self, ValueCommand.self, SecretCommand.self, Import.self, Export.self,
         ]
     )

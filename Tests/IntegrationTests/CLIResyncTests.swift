@@ -121,3 +121,25 @@ extension Integration {
         }
     }
 }
+
+extension Integration {
+    /// `storectl get STORE ID`, as a redis-cli user reaches for (issue 17, point 7).
+    @Suite struct ShellGet {
+        @Test func getPrintsOneItemOrExits66() async throws {
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"a", "text":"milk"}"#, #"{"id":7}"#])
+                var result = try await daemon.storectl(["get", "notes", "a"])
+                #expect(result.status == 0 && result.stdout == #"{"id":"a", "text":"milk"}"# + "\n", "\(result)")
+                result = try await daemon.storectl(["get", "notes", "7", "--meta"])
+                #expect(result.status == 0 && result.stdout.hasPrefix(#"{"id":"7","createdAt":"#), "\(result)")
+                #expect(result.stdout.hasSuffix(#","item":{"id":7}}"# + "\n"), "\(result)")
+                result = try await daemon.storectl(["get", "notes", "b"])
+                #expect(result.status == 66 && result.stdout.isEmpty && result.stderr.contains(#"not in store notes: "b""#))
+                result = try await daemon.storectl(["get", "nothing-here", "a"])
+                #expect(result.status == 66)
+                // Reading never creates the store.
+                #expect(!(try await daemon.storectl(["stores"]).stdout.contains("nothing-here")))
+            }
+        }
+    }
+}
