@@ -58,12 +58,10 @@ enum JSON {
         switch value {
         case let string as String:
             return ItemID(string)
-        case let number as NSNumber where !(number is Bool):
+        // JSONSerialization hands over `true` and `false` as NSNumbers too, of type "c" (a `Bool` cast would
+        // also match the numbers 0 and 1).
+        case let number as NSNumber where String(cString: number.objCType) != "c":
             return try integralID(number.doubleValue, field: field, where: place)
-        case let number as Double:  // how Foundation on Linux hands over some numbers (-0)
-            return try integralID(number, field: field, where: place)
-        case let number as Int:
-            return try integralID(Double(number), field: field, where: place)
         case nil:
             throw Failure(Failure.badInput, "\(place): no \(JSON.string(field)) field")
         default:

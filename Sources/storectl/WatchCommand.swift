@@ -9,15 +9,17 @@ struct Watch: AsyncParsableCommand {
         discussion: """
             First {"op":"loaded","store","epoch","sequence","count"} (with --from: {"op":"resumed",...} instead,
             then the events after that sequence), then per commit one line per step, each with the commit's
-            sequence: {"op":"insert","store","sequence","ids":[...],"items":[...]} or
-            {"op":"remove","store","sequence","ids":[...]}. Also {"op":"lagged",...} (this watcher fell behind;
+            epoch and sequence and its place in the commit:
+            {"op":"insert","store","epoch","sequence","step","steps","ids":[...],"items":[...]} or
+            {"op":"remove","store","epoch","sequence","step","steps","ids":[...]}. --from N resumes after commit
+            N completed: a consumer that saw commit N only in part (step < steps) resumes with --from N-1. Also {"op":"lagged",...} (this watcher fell behind;
             it resumes from the last sequence it printed), {"op":"history-gone",...} (a fresh "loaded" follows)
             and {"op":"dropped",...} (the store was dropped; events of a new store follow from sequence 1).
             Runs until interrupted, or exits 69 when the broker goes away.
 
             Examples:
               storectl watch notes
-              storectl watch notes --from 42
+              storectl watch notes --from 42 --epoch 1932943310210146
             """)
 
     @OptionGroup var global: GlobalOptions
@@ -55,17 +57,21 @@ struct Watch: AsyncParsableCommand {
                             "{\"op\":\"loaded\",\"store\":\(name),\"epoch\":\(at.epoch),"
                                 + "\"sequence\":\(at.sequence),\"count\":\(records.count)}")
                     case .storeEvent(let event):
-                        for step in event.steps {
+                        // Each line says which step of how many it is: a consumer that stopped inside a commit
+                        // knows it saw only part of it (and resumes with --from the sequence before it).
+                        for (index, step) in event.steps.enumerated() {
+                            let position =
+                                "\"store\":\(name),\"epoch\":\(event.epoch),\"sequence\":\(event.sequence),"
+                                + "\"step\":\(index + 1),\"steps\":\(event.steps.count)"
                             switch step {
                             case .insert(let records):
                                 Output.line(
-                                    "{\"op\":\"insert\",\"store\":\(name),\"sequence\":\(event.sequence),"
+                                    "{\"op\":\"insert\",\(position),"
                                         + "\"ids\":\(JSON.array(records.map { JSON.string($0.id.string) })),"
                                         + "\"items\":\(JSON.array(records.map { JSON.embed($0.payload.bytes) }))}")
                             case .remove(let ids):
                                 Output.line(
-                                    "{\"op\":\"remove\",\"store\":\(name),\"sequence\":\(event.sequence),"
-                                        + "\"ids\":\(JSON.array(ids.map { JSON.string($0.string) }))}")
+                                    "{\"op\":\"remove\",\(position),\"ids\":\(JSON.array(ids.map { JSON.string($0.string) }))}")
                             }
                         }
                     case .lagged(let notice):

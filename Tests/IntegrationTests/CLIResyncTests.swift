@@ -143,3 +143,45 @@ extension Integration {
         }
     }
 }
+
+extension Integration {
+    /// `watch` never loses part of a commit silently (issue 17, point 1): every line says which step of how
+    /// many it is, `--from N` resumes after commit N completed (so a consumer cut inside commit N resumes from
+    /// N-1 and sees all of it again), and a stale epoch says `history-gone`.
+    @Suite struct WatchWholeCommits {
+        @Test func linesCarryTheirStepAndAResumeFromTheCommitBeforeReplaysItWhole() async throws {
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "s", #"{"id":"first"}"#])  // sequence 1
+                let steps = 3_000
+                let chain = (0..<steps).map { $0 % 2 == 0 ? "{\"op\":\"insert\",\"item\":{\"id\":\"\($0)\"}}" : "{\"op\":\"remove\",\"id\":\"\($0 - 1)\"}" }
+                let watcher = try await daemon.watch("s")
+                #expect(try await daemon.storectl(["apply", "s"], stdin: chain.joined(separator: "\n") + "\n").stdout == "2\n")
+                #expect(await watcher.waitFor(sequence: 2))
+                #expect(await eventually { watcher.objects.count == 1 + steps })
+                await watcher.stop()
+                let events = Array(watcher.objects.dropFirst())
+                let epoch = try #require(watcher.objects.first?["epoch"] as? Int)
+                #expect(events.map { $0["step"] as? Int } == (1...steps).map { $0 })
+                #expect(events.allSatisfy { $0["steps"] as? Int == steps && $0["sequence"] as? Int == 2 && $0["epoch"] as? Int == epoch })
+
+                // A consumer that saw only part of commit 2 resumes from 1: commit 2 again, whole.
+                let resumed = try await daemon.watch("s", ["--from", "1", "--epoch", "\(epoch)"])
+                #expect(await eventually { resumed.objects.count == 1 + steps })
+                await resumed.stop()
+                #expect(resumed.objects.first?["op"] as? String == "resumed")
+                #expect(resumed.objects.dropFirst().map { $0["step"] as? Int } == (1...steps).map { $0 })
+
+                // Dropped and created again: resuming in the old epoch is history-gone and a fresh snapshot, never
+                // a silent skip of the new store's first commits.
+                _ = try await daemon.storectl(["drop", "s"])
+                _ = try await daemon.storectl(["insert", "s", #"{"id":"new-1"}"#])
+                _ = try await daemon.storectl(["insert", "s", #"{"id":"new-2"}"#])
+                let stale = try await daemon.watch("s", ["--from", "2", "--epoch", "\(epoch)"])
+                #expect(await eventually { stale.objects.contains { $0["op"] as? String == "loaded" } })
+                await stale.stop()
+                #expect(stale.objects.map { $0["op"] as? String } == ["resumed", "history-gone", "loaded"], "\(stale.lines)")
+                #expect(stale.objects.last?["count"] as? Int == 2 && stale.objects.last?["epoch"] as? Int != epoch)
+            }
+        }
+    }
+}

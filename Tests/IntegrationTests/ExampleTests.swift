@@ -20,7 +20,7 @@ extension Integration {
             try await withTemporaryDirectory { directory in
                 let result = try await runExample("storectl-walkthrough.sh", in: directory)
                 #expect(result.status == 0, "\(result.stderr)")
-                #expect(result.stdout.contains(#"{"op":"insert","store":"notes","sequence":3,"ids":["3"],"items":[{"id":"3","text":"water plants"}]}"#))
+                #expect(result.stdout.contains(#""sequence":3,"step":2,"steps":2,"ids":["3"],"items":[{"id":"3","text":"water plants"}]}"#))
                 #expect(result.stdout.contains("hunter2"))
                 // After the restart, the same items and the value.
                 let tail = result.stdout.components(separatedBy: "restart").last ?? ""

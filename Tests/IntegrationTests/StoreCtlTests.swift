@@ -107,12 +107,13 @@ extension Integration {
                 #expect(try await daemon.storectl(["query", "s"]).stdout == "{\"id\":\"b\"}\n{\"id\":\"a\",\"n\":2}\n")
                 #expect(await watcher.waitFor(sequence: 2))
                 await watcher.stop()
+                let epoch = try #require(watcher.objects.first?["epoch"] as? Int)
                 #expect(
                     Array(watcher.lines.dropFirst()) == [
-                        #"{"op":"remove","store":"s","sequence":2,"ids":["x","y"]}"#,
-                        #"{"op":"insert","store":"s","sequence":2,"ids":["a","b"],"items":[{"id":"a", "n": 1},{"id":"b"}]}"#,
-                        #"{"op":"remove","store":"s","sequence":2,"ids":["a"]}"#,
-                        #"{"op":"insert","store":"s","sequence":2,"ids":["a"],"items":[{"id":"a","n":2}]}"#,
+                        #"{"op":"remove","store":"s","epoch":\#(epoch),"sequence":2,"step":1,"steps":4,"ids":["x","y"]}"#,
+                        #"{"op":"insert","store":"s","epoch":\#(epoch),"sequence":2,"step":2,"steps":4,"ids":["a","b"],"items":[{"id":"a", "n": 1},{"id":"b"}]}"#,
+                        #"{"op":"remove","store":"s","epoch":\#(epoch),"sequence":2,"step":3,"steps":4,"ids":["a"]}"#,
+                        #"{"op":"insert","store":"s","epoch":\#(epoch),"sequence":2,"step":4,"steps":4,"ids":["a"],"items":[{"id":"a","n":2}]}"#,
                     ])
             }
         }
