@@ -213,6 +213,8 @@ public final class Broker: Sendable {
         case .write, .drop, .setValue:
             preconditionFailure("writes are handed to their writer by handle(_:context:)")
         case .getValue(let namespace, let name): valueSpace(namespace).get(name, reply)
+        case .listValues(let namespace):
+            valueSpace(namespace).list(readableBy: context.grant, reply)
         case .subscribe(let namespace, let name, let start):
             guard let subscription, subscription.namespace == namespace, subscription.name == name else {
                 return reply(.failure(BrokerError(.internalError, "a subscribe reached the broker without its subscription")))

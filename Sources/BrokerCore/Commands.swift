@@ -23,6 +23,9 @@ public enum BrokerCommand: Sendable {
     case drop(store: String, condition: Condition = .unconditional)
     /// `namespace` is `.value` or `.secureValue`.
     case getValue(namespace: Namespace, name: String)
+    /// Every value (or secure value) ever set, reset ones included, by name; for another user only the values
+    /// its rules let it read, and no secure values.
+    case listValues(namespace: Namespace)
     /// `value` nil: reset.
     case setValue(namespace: Namespace, name: String, value: Payload?, condition: Condition)
     /// Needs the `Subscription` its pushes are queued in (`Broker.handle(_:subscription:)`).
@@ -47,6 +50,7 @@ public enum BrokerCommand: Sendable {
             }
         case .drop: "drop"
         case .getValue: "getValue"
+        case .listValues: "listValues"
         case .setValue(_, _, let value, _): value == nil ? "resetValue" : "setValue"
         case .subscribe: "subscribe"
         }
@@ -55,7 +59,7 @@ public enum BrokerCommand: Sendable {
     /// The store, value or secure value the command is about, if any.
     public var target: (namespace: Namespace, name: String)? {
         switch self {
-        case .listEngines, .listStores: nil
+        case .listEngines, .listStores, .listValues: nil
         case .storeInfo(let store), .count(let store), .get(let store, _), .range(let store, _, _),
             .ids(let store, _, _), .write(let store, _, _), .drop(let store, _):
             (.store, store)
@@ -85,6 +89,7 @@ public enum BrokerAnswer: Sendable {
     case ids(Position, [ItemID])
     case written(CommitResult)
     case value(Position, ValueState)
+    case values([ValueInfo])
     case subscribed(subscriptionID: UInt32)
 
     /// The answer's name, for logs.
@@ -99,6 +104,7 @@ public enum BrokerAnswer: Sendable {
         case .ids: "ids"
         case .written: "written"
         case .value: "value"
+        case .values: "values"
         case .subscribed: "subscribed"
         }
     }

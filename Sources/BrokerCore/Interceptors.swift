@@ -145,7 +145,11 @@ public struct AccessInterceptor: RequestInterceptor {
     public func check(_ command: BrokerCommand, context: RequestContext) -> BrokerError? {
         let grant = context.grant
         guard !grant.isOwner else { return nil }
-        guard let target = command.target else { return nil }  // listStores (filtered), listEngines
+        if case .listValues(.secureValue) = command {
+            return BrokerError(
+                .permissionDenied, "secure values are only for the daemon's own user; uid \(context.peer.uid) is not")
+        }
+        guard let target = command.target else { return nil }  // listStores, listValues (filtered), listEngines
         if target.namespace == .secureValue {
             return BrokerError(
                 .permissionDenied, "secure values are only for the daemon's own user; uid \(context.peer.uid) is not")
@@ -189,7 +193,8 @@ public struct LimitsInterceptor: RequestInterceptor {
 
     private func checkThrowing(_ command: BrokerCommand) throws(BrokerError) {
         switch command {
-        case .getValue(let namespace, _), .setValue(let namespace, _, _, _): try checkValueNamespace(namespace)
+        case .getValue(let namespace, _), .setValue(let namespace, _, _, _), .listValues(let namespace):
+            try checkValueNamespace(namespace)
         default: break
         }
         if let target = command.target { try checkName(target.name) }

@@ -171,6 +171,20 @@ final class ValueSpace: Sendable {
         }
     }
 
+    /// Every value ever set (reset ones too, unset), in name byte order, that `grant` lets its peer read.
+    func list(readableBy grant: Grant, _ reply: @escaping Reply) {
+        whenLoaded { failure in
+            if let failure { return reply(.failure(failure)) }
+            let listed = self.state.withLock { state in
+                state.values.compactMap { name, entry -> ValueInfo? in
+                    guard grant.allows(name, write: false) else { return nil }
+                    return ValueInfo(name: name, epoch: state.epoch, sequence: entry.sequence, isSet: entry.value != nil)
+                }
+            }
+            reply(.success(.values(listed.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) })))
+        }
+    }
+
     func subscribe(_ subscription: Subscription, start: SubscriptionStart, _ reply: @escaping Reply) {
         whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }

@@ -29,6 +29,7 @@ enum ConnectionRequest: Sendable {
         case .chain(let m): self = .command(.write(store: m.store, .chain(m.steps), condition: m.condition))
         case .drop(let m): self = .command(.drop(store: m.store, condition: m.condition))
         case .getValue(let m): self = .command(.getValue(namespace: m.namespace, name: m.name))
+        case .listValues(let m): self = .command(.listValues(namespace: m.namespace))
         case .setValue(let m):
             self = .command(.setValue(namespace: m.namespace, name: m.name, value: m.value, condition: m.condition))
         case .resetValue(let m):
@@ -58,6 +59,7 @@ extension BrokerAnswer {
         case .written(let result):
             .writeResult(.init(committed: result.committed, epoch: result.epoch, sequence: result.sequence))
         case .value(let at, let state): .valueResult(.init(epoch: at.epoch, sequence: at.sequence, state: state))
+        case .values(let values): .valueList(.init(elements: values))
         case .subscribed(let id): .subscribed(.init(subscriptionID: id))
         }
     }

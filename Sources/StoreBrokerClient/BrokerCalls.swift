@@ -65,6 +65,12 @@ extension BrokerConnection {
         try await call(.listStores(.init())) { if case .storeList(let m) = $0 { m.elements } else { nil } }
     }
 
+    /// Every value (or, with `.secureValue`, secure value: for the daemon's own user only) ever set, reset ones
+    /// included (`isSet` false), in name byte order; for another user only the values it may read.
+    public func values(in namespace: Namespace = .value) async throws(StoreBrokerError) -> [ValueInfo] {
+        try await call(.listValues(.init(namespace: namespace))) { if case .valueList(let m) = $0 { m.elements } else { nil } }
+    }
+
     /// Every engine file on the daemon's search path, loaded or not.
     public func engines() async throws(StoreBrokerError) -> [EngineInfo] {
         try await call(.listEngines(.init())) { if case .engineList(let m) = $0 { m.elements } else { nil } }

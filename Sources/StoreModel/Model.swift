@@ -112,6 +112,22 @@ public struct StoreInfo: Hashable, Sendable, Codable {
     public var isBroken: Bool { epoch != 0 && sequence == 0 }
 }
 
+/// A value (or secure value) as listed: its namespace's epoch, its own sequence, and whether it is set now (a
+/// reset value is listed, unset, with the sequence of its reset).
+public struct ValueInfo: Hashable, Sendable, Codable {
+    public var name: String
+    public var epoch: UInt64
+    public var sequence: UInt64
+    public var isSet: Bool
+
+    public init(name: String, epoch: UInt64, sequence: UInt64, isSet: Bool) {
+        self.name = name
+        self.epoch = epoch
+        self.sequence = sequence
+        self.isSet = isSet
+    }
+}
+
 /// How an engine file on the search path stands.
 public enum EngineStatus: UInt8, Hashable, Sendable, Codable {
     /// A file on the search path that passes the checks made before loading; not opened, so its version and

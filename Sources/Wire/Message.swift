@@ -21,6 +21,7 @@ public enum ClientMessage: Hashable, Sendable {
     case getValue(GetValue)  // 0x20
     case setValue(SetValue)  // 0x21
     case resetValue(ResetValue)  // 0x22
+    case listValues(ListValues)  // 0x23
 
     /// The payload, as its own type.
     public var body: any WireMessage {
@@ -44,6 +45,7 @@ public enum ClientMessage: Hashable, Sendable {
         case .getValue(let m): m
         case .setValue(let m): m
         case .resetValue(let m): m
+        case .listValues(let m): m
         }
     }
 
@@ -74,6 +76,7 @@ public enum ClientMessage: Hashable, Sendable {
         case .getValue: self = .getValue(try GetValue(payload: &payload))
         case .setValue: self = .setValue(try SetValue(payload: &payload))
         case .resetValue: self = .resetValue(try ResetValue(payload: &payload))
+        case .listValues: self = .listValues(try ListValues(payload: &payload))
         default: throw WireError(.unexpectedMessage, "\(type.name) is a server message")
         }
         try requireFullyConsumed(payload, type)
@@ -103,6 +106,7 @@ public enum ServerMessage: Hashable, Sendable {
     case subscribed(Subscribed)  // 0x4A
     case unsubscribed(Unsubscribed)  // 0x4B
     case valueResult(ValueResult)  // 0x4C
+    case valueList(ValueList)  // 0x4D
     case error(ErrorResult)  // 0x7F
     case storeLoaded(StoreLoaded)  // 0x80
     case storeEvent(StoreEvent)  // 0x81
@@ -129,6 +133,7 @@ public enum ServerMessage: Hashable, Sendable {
         case .subscribed(let m): m
         case .unsubscribed(let m): m
         case .valueResult(let m): m
+        case .valueList(let m): m
         case .error(let m): m
         case .storeLoaded(let m): m
         case .storeEvent(let m): m
@@ -162,6 +167,7 @@ public enum ServerMessage: Hashable, Sendable {
         case .subscribed: self = .subscribed(try Subscribed(payload: &payload))
         case .unsubscribed: self = .unsubscribed(try Unsubscribed(payload: &payload))
         case .valueResult: self = .valueResult(try ValueResult(payload: &payload))
+        case .valueList: self = .valueList(try ValueList(payload: &payload))
         case .error: self = .error(try ErrorResult(payload: &payload))
         case .storeLoaded: self = .storeLoaded(try StoreLoaded(payload: &payload))
         case .storeEvent: self = .storeEvent(try StoreEvent(payload: &payload))
@@ -203,6 +209,7 @@ public enum ServerMessage: Hashable, Sendable {
         case .subscribed(let m): try one(m)
         case .unsubscribed(let m): try one(m)
         case .valueResult(let m): try one(m)
+        case .valueList(let m): try split(m)
         case .error(let m): try one(m)
         case .storeLoaded(let m): try split(m)
         case .storeEvent(let m): try split(m)
@@ -223,6 +230,7 @@ public enum ServerMessage: Hashable, Sendable {
         case (.itemsResult(var m), .itemsResult(let n)): try m.appendContinuation(n); self = .itemsResult(m)
         case (.rangeResult(var m), .rangeResult(let n)): try m.appendContinuation(n); self = .rangeResult(m)
         case (.idList(var m), .idList(let n)): try m.appendContinuation(n); self = .idList(m)
+        case (.valueList(var m), .valueList(let n)): try m.appendContinuation(n); self = .valueList(m)
         case (.storeLoaded(var m), .storeLoaded(let n)): try m.appendContinuation(n); self = .storeLoaded(m)
         case (.storeEvent(var m), .storeEvent(let n)): try m.appendContinuation(n); self = .storeEvent(m)
         default:

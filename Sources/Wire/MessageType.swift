@@ -27,6 +27,7 @@ public enum MessageType: UInt8, CaseIterable, Hashable, Sendable, Codable {
     case getValue = 0x20  // -> valueResult
     case setValue = 0x21  // -> writeResult
     case resetValue = 0x22  // -> writeResult
+    case listValues = 0x23  // -> valueList
     // Answers.
     case welcome = 0x40  // answers hello
     case pong = 0x41
@@ -41,6 +42,7 @@ public enum MessageType: UInt8, CaseIterable, Hashable, Sendable, Codable {
     case subscribed = 0x4A
     case unsubscribed = 0x4B
     case valueResult = 0x4C
+    case valueList = 0x4D  // may span frames
     case error = 0x7F  // answers any request that failed
     // Pushes.
     case storeLoaded = 0x80  // may span frames
@@ -60,7 +62,7 @@ public enum MessageType: UInt8, CaseIterable, Hashable, Sendable, Codable {
     /// Whether a message of this type may span several frames (the `more` flag).
     public var allowsContinuation: Bool {
         switch self {
-        case .storeList, .engineList, .itemsResult, .rangeResult, .idList, .storeLoaded, .storeEvent: true
+        case .storeList, .engineList, .itemsResult, .rangeResult, .idList, .valueList, .storeLoaded, .storeEvent: true
         default: false
         }
     }

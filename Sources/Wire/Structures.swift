@@ -288,6 +288,23 @@ extension StoreInfo: WireCodable {
     }
 }
 
+/// `text name, u64 epoch, u64 sequence, u8 set (0 or 1)`.
+extension ValueInfo: WireCodable {
+    public static var minEncodedLength: Int { 2 + 8 + 8 + 1 }
+
+    public init(wire buffer: inout ByteBuffer) throws(WireError) {
+        self.init(
+            name: try buffer.readWireText("value name"), epoch: try buffer.readWire(UInt64.self, "epoch"),
+            sequence: try buffer.readWire(UInt64.self, "sequence"), isSet: try buffer.readWireBool("set"))
+    }
+
+    public func encode(wire buffer: inout ByteBuffer) throws(WireError) {
+        try buffer.writeWireText(name, "value name")
+        buffer.writeMultipleIntegers(epoch, sequence)
+        buffer.writeWireBool(isSet)
+    }
+}
+
 // EngineStatus is a `u8` (0 found, 1 loaded, 2 refused); EngineCapabilities a `u32` of bits (0 persistent, 1 atomic).
 
 /// `text name, text path, u8 status, u16 abiMajor, u16 abiMinor, u32 capabilities, text detail`.

@@ -46,14 +46,20 @@ struct ValueCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "value",
         abstract: "Get, set, reset and watch shared values (JSON documents, like Boutique's @StoredValue).",
-        subcommands: [ValueGet<PlainValue>.self, ValueSet<PlainValue>.self, ValueReset<PlainValue>.self, ValueWatch<PlainValue>.self])
+        subcommands: [
+            ValueGet<PlainValue>.self, ValueSet<PlainValue>.self, ValueReset<PlainValue>.self, ValueWatch<PlainValue>.self,
+            ValueList<PlainValue>.self,
+        ])
 }
 
 struct SecretCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "secret",
         abstract: "Get, set, reset and watch secure values: strings, encrypted at rest, for this user only.",
-        subcommands: [ValueGet<SecretValue>.self, ValueSet<SecretValue>.self, ValueReset<SecretValue>.self, ValueWatch<SecretValue>.self])
+        subcommands: [
+            ValueGet<SecretValue>.self, ValueSet<SecretValue>.self, ValueReset<SecretValue>.self,
+            ValueWatch<SecretValue>.self, ValueList<SecretValue>.self,
+        ])
 }
 
 /// `--expect SEQ` / `--expect-unset` for value writes.
@@ -110,6 +116,51 @@ struct ValueGet<Kind: ValueKind>: AsyncParsableCommand {
                 throw Failure(Failure.notFound, "\(Kind.command) \(name) is not set")
             }
             Output.line(Kind.render(payload.bytes))
+        }
+    }
+}
+
+struct ValueList<Kind: ValueKind>: AsyncParsableCommand {
+    static var configuration: CommandConfiguration {
+        CommandConfiguration(
+            commandName: "list",
+            abstract: Kind.namespace == .secureValue
+                ? "List the secrets' names (never the secrets), in name order." : "List the values' names, in name order.",
+            discussion: """
+                Every name ever set, reset ones too (--all; without it only those set now). The default prints one
+                name per line (as dconf list does); ndjson: {"name","epoch","sequence","set"} per name, json: an
+                array of those, table: columns.
+
+                Example:
+                  storectl \(Kind.command) list
+                """)
+    }
+
+    @OptionGroup var global: GlobalOptions
+    @Flag(help: "Include names that were reset (unset now).") var all = false
+    @Option(help: "names (the default), ndjson, json or table.") var format: String = "names"
+
+    func validate() throws {
+        guard ["names", "ndjson", "json", "table"].contains(format) else {
+            throw ValidationError("--format takes names, ndjson, json or table")
+        }
+    }
+
+    func run() async throws {
+        try await reporting {
+            let listed = try await global.connect().values(in: Kind.namespace).filter { all || $0.isSet }
+            let objects = listed.map {
+                "{\"name\":\(JSON.string($0.name)),\"epoch\":\($0.epoch),\"sequence\":\($0.sequence),\"set\":\($0.isSet)}"
+            }
+            switch format {
+            case "ndjson": objects.forEach(Output.line)
+            case "json": Output.line(JSON.array(objects))
+            case "table":
+                Table.print(
+                    headers: ["NAME", "SEQUENCE", "SET"],
+                    rows: listed.map { [$0.name, String($0.sequence), $0.isSet ? "yes" : "no"] })
+            default: listed.forEach { Output.line($0.name) }
+            }
         }
     }
 }

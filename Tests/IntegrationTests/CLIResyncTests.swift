@@ -185,3 +185,28 @@ extension Integration {
         }
     }
 }
+
+extension Integration {
+    /// `value list` and `secret list`, as a dconf user reaches for (issue 17, point 7).
+    @Suite struct ShellListValues {
+        @Test func valueAndSecretNamesAreListedInNameOrder() async throws {
+            try await Daemon.with { daemon in
+                #expect(try await daemon.storectl(["value", "list"]).stdout == "")
+                _ = try await daemon.storectl(["value", "set", "theme", #"{"dark":true}"#])
+                _ = try await daemon.storectl(["value", "set", "b-flag", "true"])
+                _ = try await daemon.storectl(["value", "set", "gone", "1"])
+                _ = try await daemon.storectl(["value", "reset", "gone"])
+                _ = try await daemon.storectl(["secret", "set", "token", "s3cr3t"])
+                #expect(try await daemon.storectl(["value", "list"]).stdout == "b-flag\ntheme\n")
+                #expect(try await daemon.storectl(["value", "list", "--all"]).stdout == "b-flag\ngone\ntheme\n")
+                let ndjson = try await daemon.storectl(["value", "list", "--all", "--format", "ndjson"]).lines
+                #expect(ndjson.count == 3 && ndjson[1].hasPrefix(#"{"name":"gone","epoch":"#) && ndjson[1].hasSuffix(#""sequence":2,"set":false}"#), "\(ndjson)")
+                // Secrets: names only, never the secret.
+                let secrets = try await daemon.storectl(["secret", "list", "--format", "json"])
+                #expect(secrets.stdout.contains(#""name":"token""#) && !secrets.stdout.contains("s3cr3t"), "\(secrets)")
+                #expect(try await daemon.storectl(["secret", "list"]).stdout == "token\n")
+                #expect(try await daemon.storectl(["value", "list", "--format", "yaml"]).status == 64)
+            }
+        }
+    }
+}

@@ -54,6 +54,9 @@ extension Integration {
                 #expect(secret.hasPrefix("error 0x0107 secure values are only for the daemon's own user"), "\(secret)")
                 let write = try await asNobody(socket, ["set-value", "2", "token", "\"x\""], in: daemon.directory)
                 #expect(write.hasPrefix("error 0x0107"), "\(write)")
+                // Nor their names.
+                let names = try await asNobody(socket, ["list-values", "2"], in: daemon.directory)
+                #expect(names.hasPrefix("error 0x0107 secure values are only for the daemon's own user"), "\(names)")
                 #expect(try await daemon.storectl(["secret", "get", "token"]).stdout == "s3cr3t\n")
                 #expect(try await daemon.storectl(["query", "shared"]).stdout == "{}\n")
             }
@@ -73,6 +76,9 @@ extension Integration {
                 #expect(try await asNobody(socket, ["insert", "inbox", "m", "{}"], in: directory) == "ok writeResult committed=1 sequence=1")
                 // The listing shows only what the peer may read.
                 #expect(try await asNobody(socket, ["list-stores"], in: directory) == "ok storeList inbox,pub-news")
+                _ = try await daemon.storectl(["value", "set", "pub-theme", "1"])
+                _ = try await daemon.storectl(["value", "set", "private-theme", "1"])
+                #expect(try await asNobody(socket, ["list-values", "1"], in: directory) == "ok valueList pub-theme")
                 #expect(try await daemon.storectl(["count", "pub-news"]).stdout == "1\n")
             }
         }

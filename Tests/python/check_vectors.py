@@ -139,6 +139,10 @@ def store_info(r):
     return {"name": r.text(), "epoch": r.u64(), "sequence": r.u64(), "count": r.u64(), "engine": r.text()}
 
 
+def value_info(r):
+    return {"name": r.text(), "epoch": r.u64(), "sequence": r.u64(), "isSet": r.boolean()}
+
+
 def engine_info(r):
     info = {"name": r.text(), "path": r.text(), "status": r.u8(), "abiMajor": r.u16(), "abiMinor": r.u16(),
             "capabilities": r.u32(), "detail": r.text()}
@@ -201,6 +205,7 @@ MESSAGES = {
     0x21: ("setValue", lambda r: {"namespace": namespace(r), "name": r.text(), "condition": condition(r),
                                   "value": r.bytes_hex()}, False),
     0x22: ("resetValue", lambda r: {"namespace": namespace(r), "name": r.text(), "condition": condition(r)}, False),
+    0x23: ("listValues", lambda r: {"namespace": namespace(r)}, False),
     0x40: ("welcome", lambda r: {"version": r.u16(), "serverVersion": r.text(), "maxFrameLength": r.u32(),
                                  "maxItemLength": r.u32(), "maxBatch": r.u32(), "maxInFlight": r.u32()}, False),
     0x41: ("pong", lambda r: {}, False),
@@ -215,6 +220,7 @@ MESSAGES = {
     0x4A: ("subscribed", lambda r: {"subscriptionID": r.u32()}, False),
     0x4B: ("unsubscribed", lambda r: {"subscriptionID": r.u32()}, False),
     0x4C: ("valueResult", value_msg, False),
+    0x4D: ("valueList", lambda r: {"elements": r.list_of(value_info, 19)}, True),
     0x7F: ("error", code_msg, False),
     0x80: ("storeLoaded", lambda r: {"epoch": r.u64(), "sequence": r.u64(), "count": r.u64(),
                                      "elements": r.list_of(record, 22)}, True),

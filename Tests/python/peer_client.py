@@ -2,7 +2,7 @@
 
     python3 peer_client.py SOCKET OP [ARGS...]
 
-OPs: count STORE | insert STORE ID JSON | list-stores | get-value NS NAME | set-value NS NAME JSON
+OPs: count STORE | insert STORE ID JSON | list-stores | list-values NS | get-value NS NAME | set-value NS NAME JSON
 (NS: 1 value, 2 secure value). Prints one line: "ok TYPE [detail]" or "error 0xCODE MESSAGE" (for an error
 answer, or for an error with id 0 that closed the connection), and exits 0; exits 1 when the connection
 fails otherwise.
@@ -60,6 +60,8 @@ def main():
         request = frame(0x14, 1, text(args[0]) + unconditional + struct.pack(">I", 1) + item)
     elif op == "list-stores":
         request = frame(0x11, 1, b"")
+    elif op == "list-values":
+        request = frame(0x23, 1, bytes([int(args[0])]))
     elif op == "get-value":
         request = frame(0x20, 1, bytes([int(args[0])]) + text(args[1]))
     elif op == "set-value":
@@ -86,6 +88,17 @@ def main():
             if flags & 1:
                 continue
             print("ok storeList " + ",".join(names))
+            return
+        if kind == 0x4D:  # valueList: text name, u64 epoch, u64 sequence, u8 set
+            count = struct.unpack(">I", payload[:4])[0]
+            offset = 4
+            for _ in range(count):
+                size = struct.unpack(">H", payload[offset : offset + 2])[0]
+                names.append(payload[offset + 2 : offset + 2 + size].decode())
+                offset += 2 + size + 17
+            if flags & 1:
+                continue
+            print("ok valueList " + ",".join(names))
             return
         if kind == 0x48:
             print("ok countResult %d" % struct.unpack(">Q", payload[16:24])[0])

@@ -153,6 +153,25 @@ extension ClientMessage {
         }
     }
 
+    /// `listValues` (0x23): `u8 namespace (1 or 2)`. Answered by `valueList`: every value (or secure value)
+    /// that was ever set, reset ones included, by name.
+    public struct ListValues: WireMessage {
+        public static var type: MessageType { .listValues }
+        public var namespace: Namespace
+
+        public init(namespace: Namespace = .value) {
+            self.namespace = namespace
+        }
+
+        public init(payload: inout ByteBuffer) throws(WireError) {
+            namespace = try payload.readWireEnum(Namespace.self, "namespace")
+        }
+
+        public func encode(payload: inout ByteBuffer) throws(WireError) {
+            payload.writeInteger(namespace.rawValue)
+        }
+    }
+
     /// `setValue` (0x21): `u8 namespace (1 or 2), text name, Condition condition, bytes value`. Answered by
     /// `writeResult`.
     public struct SetValue: WireMessage {

@@ -151,6 +151,9 @@ extension ServerMessage {
     /// ("not found") has state `unset`, and its sequence still counts.
     public typealias ValueResult = ValueStateMessage<Kinds.ValueResult>
 
+    /// `valueList` (0x4D): `list<ValueInfo> values`, in name byte order. Answers `listValues`. May span frames.
+    public typealias ValueList = ListMessage<Kinds.ValueList, ValueInfo>
+
     /// `error` (0x7F): `u16 code, text message`. Answers a request that failed (id = its id), or, with id 0,
     /// reports a protocol error just before the server closes.
     public typealias ErrorResult = CodeMessage<Kinds.Error>

@@ -261,6 +261,7 @@ public enum Kinds {
     public enum Subscribed: MessageKind { public static var type: MessageType { .subscribed } }
     public enum Unsubscribed: MessageKind { public static var type: MessageType { .unsubscribed } }
     public enum ValueResult: MessageKind { public static var type: MessageType { .valueResult } }
+    public enum ValueList: MessageKind { public static var type: MessageType { .valueList } }
     public enum Error: MessageKind { public static var type: MessageType { .error } }
     public enum StoreEvent: MessageKind { public static var type: MessageType { .storeEvent } }
     public enum ValueLoaded: MessageKind { public static var type: MessageType { .valueLoaded } }

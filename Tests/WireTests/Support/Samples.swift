@@ -129,6 +129,7 @@ let samples: [Sample] = [
     Sample(
         name: "resetValue", id: 22,
         message: .client(.resetValue(.init(namespace: .value, name: "theme", condition: .sequence(4))))),
+    Sample(name: "listValues", id: 23, message: .client(.listValues(.init(namespace: .value)))),
     // Answers.
     Sample(name: "pong", id: 1, message: .server(.pong(.init()))),
     Sample(
@@ -172,6 +173,14 @@ let samples: [Sample] = [
         name: "valueResult", id: 19,
         message: .server(.valueResult(.init(epoch: 7, sequence: 4, state: .set(payload(#""dark""#)))))),
     Sample(name: "valueResult-unset", id: 19, message: .server(.valueResult(.init(epoch: 7, sequence: 5, state: .unset)))),
+    Sample(
+        name: "valueList", id: 23,
+        message: .server(
+            .valueList(
+                .init(elements: [
+                    ValueInfo(name: "gone", epoch: 7, sequence: 2, isSet: false),
+                    ValueInfo(name: "theme", epoch: 7, sequence: 4, isSet: true),
+                ])))),
     Sample(
         name: "error-conflict", id: 6,
         message: .server(.error(.init(code: .conflict, message: "expected sequence 7, store is at 8")))),
