@@ -68,13 +68,16 @@ struct Query: AsyncParsableCommand {
     @OptionGroup var global: GlobalOptions
     @Argument(help: "The store.") var store: String
     @Option(name: .customLong("id"), help: "Only this id (repeatable).") var ids: [String] = []
-    @Option(help: "At most this many items (0: all).") var limit: UInt32 = 0
+    @Option(help: "At most this many items (0: all).") var limit: Int = 0
     @Option(help: "Start after this id.") var after: String?
     @Option(help: "ndjson, json or table.") var format: OutputFormat?
     @Flag(help: "Wrap each item with its id and timestamps.") var meta = false
 
     func validate() throws {
         if !ids.isEmpty, after != nil || limit != 0 { throw ValidationError("--id cannot be combined with --after or --limit") }
+        guard (0...Int(UInt32.max)).contains(limit) else {
+            throw ValidationError("--limit takes a number of items from 0 (all of them) to \(UInt32.max), not \(limit)")
+        }
     }
 
     func run() async throws {
@@ -83,7 +86,7 @@ struct Query: AsyncParsableCommand {
             var records: [ItemRecord] = []
             var missing: [ItemID] = []
             if ids.isEmpty {
-                records = try await connection.records(store, after: after.map { ItemID($0) }, limit: limit).value
+                records = try await connection.records(store, after: after.map { ItemID($0) }, limit: UInt32(limit)).value
             } else {
                 for slot in try await connection.items(store, ids: ids.map { ItemID($0) }).value {
                     switch slot {
@@ -111,7 +114,8 @@ struct Query: AsyncParsableCommand {
         func rendered(_ record: ItemRecord) -> String {
             meta ? Self.metaLine(record) : JSON.embed(record.payload.bytes)
         }
-        switch format ?? .automatic {
+        // --meta asks for the wrapped lines: on a terminal too, unless a table is asked for by name.
+        switch format ?? (meta ? .ndjson : .automatic) {
         case .ndjson:
             for record in records {
                 if meta {
@@ -254,22 +258,25 @@ struct Engines: AsyncParsableCommand {
 
 /// Aligned columns for a terminal; the last column is cut to the terminal's width.
 enum Table {
+    /// Columns padded to the width each cell takes on a terminal (a CJK character takes two columns, a
+    /// combining mark none), the last column cut to the terminal's width.
     static func print(headers: [String], rows: [[String]]) {
         let clean = rows.map { $0.map { $0.replacingOccurrences(of: "\n", with: " ") } }
-        var widths = headers.map(\.count)
+        var widths = headers.map(width)
         for row in clean {
-            for (index, cell) in row.enumerated().dropLast() { widths[index] = max(widths[index], cell.count) }
+            for (index, cell) in row.enumerated().dropLast() { widths[index] = max(widths[index], width(cell)) }
         }
         var size = winsize()
         let columns = ioctl(STDOUT_FILENO, UInt(TIOCGWINSZ), &size) == 0 && size.ws_col > 0 ? Int(size.ws_col) : 120
         func line(_ cells: [String]) -> String {
             var out = ""
+            var used = 0
             for (index, cell) in cells.enumerated() {
                 if index == cells.count - 1 {
-                    let room = max(10, columns - out.count)
-                    out += cell.count > room ? String(cell.prefix(room - 1)) + "…" : cell
+                    out += cut(cell, to: max(10, columns - used))
                 } else {
-                    out += cell.padding(toLength: widths[index] + 2, withPad: " ", startingAt: 0)
+                    out += cell + String(repeating: " ", count: widths[index] + 2 - width(cell))
+                    used += widths[index] + 2
                 }
             }
             return out
@@ -278,12 +285,43 @@ enum Table {
         for row in clean { Output.line(line(row)) }
     }
 
-    /// Milliseconds since the Unix epoch as local ISO 8601 time.
+    /// Milliseconds since the Unix epoch as local ISO 8601 time (`TZ`, else the system's zone).
     static func time(_ milliseconds: UInt64) -> String {
         let date = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
         let formatter = ISO8601DateFormatter()
         formatter.formatOptions = [.withInternetDateTime]
+        formatter.timeZone = .current
         return formatter.string(from: date)
+    }
+
+    /// The columns `text` takes on a terminal: 2 for each East Asian wide or fullwidth character (and emoji),
+    /// 0 for a combining mark or zero-width character, 1 otherwise.
+    static func width(_ text: String) -> Int { text.reduce(0) { $0 + width($1) } }
+
+    static func width(_ character: Character) -> Int {
+        guard let scalar = character.unicodeScalars.first else { return 0 }
+        switch scalar.value {
+        case 0x0300...0x036F, 0x200B...0x200F, 0xFE00...0xFE0F: return 0
+        case 0x1100...0x115F, 0x2E80...0x303E, 0x3041...0x33FF, 0x3400...0x4DBF, 0x4E00...0x9FFF, 0xA000...0xA4CF,
+            0xAC00...0xD7A3, 0xF900...0xFAFF, 0xFE30...0xFE4F, 0xFF00...0xFF60, 0xFFE0...0xFFE6, 0x1F300...0x1F64F,
+            0x1F900...0x1F9FF, 0x20000...0x3FFFD:
+            return 2
+        default: return 1
+        }
+    }
+
+    /// `text` cut to at most `columns` columns, with "…" where it was cut.
+    static func cut(_ text: String, to columns: Int) -> String {
+        guard width(text) > columns else { return text }
+        var out = ""
+        var used = 0
+        for character in text {
+            let next = width(character)
+            if used + next > columns - 1 { break }
+            out.append(character)
+            used += next
+        }
+        return out + "…"
     }
 }
 

@@ -32,6 +32,17 @@ struct StoreCtl: AsyncParsableCommand {
     /// end (before a `--`), where the command's own `GlobalOptions` reads them, however deep the command is.
     static func main() async {
         var arguments = Array(CommandLine.arguments.dropFirst())
+        // A negative number after an option that takes one is its value, not an option ("--limit -1" would
+        // otherwise say "Missing value for '--limit'"): joined as "--limit=-1", it reaches the command's check.
+        var index = 0
+        while index + 1 < arguments.count, arguments[..<index].last != "--" {
+            if arguments[index].hasPrefix("--"), !arguments[index].contains("="), arguments[index + 1].hasPrefix("-"),
+                Double(arguments[index + 1]) != nil
+            {
+                arguments[index] += "=" + arguments.remove(at: index + 1)
+            }
+            index += 1
+        }
         var hoisted: [String] = []
         while let first = arguments.first, let option = ["--socket", "--timeout"].first(where: { first.hasPrefix($0) }) {
             hoisted.append(arguments.removeFirst())

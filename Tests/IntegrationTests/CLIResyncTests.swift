@@ -210,3 +210,48 @@ extension Integration {
         }
     }
 }
+
+extension Integration {
+    /// Output true to docs/CLI.md on a terminal (issue 17, point 6), through a pseudo-terminal (`script`).
+    @Suite(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/script"), "needs script(1) for a terminal"))
+    struct ShellTerminalOutput {
+        /// Runs storectl on a pseudo-terminal 200 columns wide, with `environment` set; its output lines.
+        private func onTerminal(_ daemon: Daemon, _ arguments: [String], environment: String = "") async throws -> [String] {
+            let command = "stty cols 200; \(environment) \(binDirectory)/storectl --socket \(daemon.socketPath) "
+                + arguments.map { "'\($0)'" }.joined(separator: " ")
+            let result = try await runProgram(["/usr/bin/script", "-qec", command, "/dev/null"], in: daemon.directory)
+            return result.stdout.replacingOccurrences(of: "\r", with: "").split(separator: "\n").map(String.init)
+        }
+
+        @Test func metaTablesTimesAndWideCharactersOnATerminal() async throws {
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"a","text":"milk"}"#, #"{"id":"日本語","text":"茶"}"#])
+                // --meta on a terminal prints the wrapped lines, as documented (not the table).
+                var lines = try await onTerminal(daemon, ["query", "notes", "--meta"])
+                #expect(lines.count == 2 && lines.allSatisfy { $0.hasPrefix(#"{"id":"#) && $0.contains(#""createdAt":"#) }, "\(lines)")
+                // The table: local time (TZ), and the ITEM column where the header puts it, CJK ids included (two
+                // columns per character).
+                lines = try await onTerminal(daemon, ["query", "notes"], environment: "TZ=Asia/Tokyo")
+                #expect(lines.count == 3, "\(lines)")
+                #expect(lines.dropFirst().allSatisfy { $0.contains("+09:00") }, "\(lines)")
+                let itemColumn = try #require(lines.first?.range(of: "ITEM")).lowerBound.utf16Offset(in: lines[0])
+                for line in lines.dropFirst() {
+                    let before = String(line[..<(line.range(of: "{")!.lowerBound)])
+                    #expect(Table.width(before) == itemColumn, "\(lines)")
+                }
+                // --limit -1 says what it takes.
+                let limit = try await daemon.storectl(["query", "notes", "--limit", "-1"])
+                #expect(limit.status == 64 && limit.stderr.contains("--limit takes a number of items from 0"), "\(limit.stderr)")
+            }
+        }
+    }
+}
+
+/// Terminal columns, as storectl's table counts them (a copy would drift: this is the test's own reading).
+private enum Table {
+    static func width(_ text: String) -> Int {
+        text.unicodeScalars.reduce(0) { total, scalar in
+            total + ((0x3000...0x9FFF).contains(scalar.value) || (0xFF00...0xFF60).contains(scalar.value) ? 2 : 1)
+        }
+    }
+}
