@@ -144,20 +144,28 @@ struct Failure: LayerError {
         self.init(code, error.description, underlying: error, fileID: fileID, line: line)
     }
 
-    /// The exit code's name, as docs/CLI.md lists them.
+    /// The exit code's name, as docs/CLI.md lists them: what an error line starts with when the broker gave
+    /// no code of its own.
     var codeName: String {
         switch code {
         case Self.usage: "usage"
-        case Self.badInput: "bad-input"
-        case Self.notFound: "not-found"
+        case Self.badInput: "badInput"
+        case Self.notFound: "notFound"
         case Self.unavailable: "unavailable"
         case Self.software: "internal"
-        case Self.ioError: "io"
+        case Self.ioError: "storage"
         case Self.conflict: "conflict"
         case Self.protocolError: "protocol"
-        case Self.permission: "permission"
-        default: "exit-\(code)"
+        case Self.permission: "permissionDenied"
+        default: "exit\(code)"
         }
+    }
+
+    /// The line storectl prints: `<code name>: <message>`, the broker's code name when it refused (already in
+    /// the message), else the exit code's.
+    var line: String {
+        if let error = underlying as? StoreBrokerError, error.code != nil { return message }
+        return "\(codeName): \(message)"
     }
 
     var description: String { message }
@@ -169,11 +177,11 @@ extension ParsableCommand {
         do {
             try await body()
         } catch let failure as Failure {
-            Output.error(failure.message)
+            Output.error(failure.line)
             throw ExitCode(failure.code)
         } catch let error as StoreBrokerError {
             let failure = Failure(error)
-            Output.error(failure.message)
+            Output.error(failure.line)
             throw ExitCode(failure.code)
         }
     }
