@@ -169,44 +169,59 @@ extension BrokerConnection {
         _ store: String, _ items: [Item], condition: Condition = .unconditional, window: Int = 8,
         progress: (Int) -> Void = { _ in }
     ) async throws(StoreBrokerError) -> CommitResult? {
-        let all = Self.batches(items, limits: limits)
+        var iterator = items.makeIterator()
+        return try await insertInBatches(store, condition: condition, window: window, progress: progress) { iterator.next() }
+    }
+
+    /// Inserts the items `next` produces until it returns nil, as `insertInBatches(_:_:...)` does, holding only
+    /// what is in flight: at most `window` requests or 4 MiB of items, whichever comes first (an import of a
+    /// file larger than memory, say). When `next` throws, nothing of the batch being gathered is sent; the
+    /// commits before it stay.
+    public func insertInBatches(
+        _ store: String, condition: Condition = .unconditional, window: Int = 8, progress: (Int) -> Void = { _ in },
+        from next: () throws(StoreBrokerError) -> Item?
+    ) async throws(StoreBrokerError) -> CommitResult? {
+        let inFlight = 4 << 20
+        // A request is at most half of what may be in flight, so that large items still go two or more at a time.
+        let budget = min(Int(limits.maxFrameLength) - 1024, inFlight / 2)
         var last: CommitResult?
         var done = 0
-        var index = 0
-        while index < all.count {
-            let slice = all[index..<min(index + max(1, window), all.count)]
-            let writes = slice.enumerated().map { offset, batch in
-                (WriteOperation.insert(batch), index + offset == 0 ? condition : .unconditional)
+        var firstCondition: Condition? = condition
+        var ready: [[Item]] = []
+        var readyBytes = 0
+        var current: [Item] = []
+        var size = 0
+        func send(_ batches: [[Item]]) async throws(StoreBrokerError) {
+            guard !batches.isEmpty else { return }
+            let writes = batches.map { batch -> (WriteOperation, Condition) in
+                defer { firstCondition = nil }
+                return (.insert(batch), firstCondition ?? .unconditional)
             }
-            for (batch, outcome) in zip(slice, try await write(store, pipelined: writes)) {
+            for (batch, outcome) in zip(batches, try await write(store, pipelined: writes)) {
                 let result = try outcome.get()
                 if result.committed { last = result }
                 done += batch.count
             }
             progress(done)
-            index += slice.count
         }
-        return last
-    }
-
-    /// Consecutive batches within `limits`' item count and frame size (an item's record costs its id, its
-    /// payload and 8 bytes of lengths; 1 KiB is kept for the request's head).
-    static func batches(_ items: [Item], limits: BrokerLimits) -> [[Item]] {
-        let budget = Int(limits.maxFrameLength) - 1024
-        var batches: [[Item]] = []
-        var current: [Item] = []
-        var size = 0
-        for item in items {
+        while let item = try next() {
             let length = item.id.string.utf8.count + item.payload.count + 8
             if !current.isEmpty, current.count >= Int(limits.maxBatch) || size + length > budget {
-                batches.append(current)
+                ready.append(current)
+                readyBytes += size
                 current = []
                 size = 0
+                if ready.count >= max(1, window) || readyBytes >= inFlight {
+                    try await send(ready)
+                    ready = []
+                    readyBytes = 0
+                }
             }
             current.append(item)
             size += length
         }
-        if !current.isEmpty { batches.append(current) }
-        return batches
+        if !current.isEmpty { ready.append(current) }
+        try await send(ready)
+        return last
     }
 }

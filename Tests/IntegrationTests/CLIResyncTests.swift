@@ -258,3 +258,52 @@ private enum Table {
         }
     }
 }
+
+extension Integration {
+    /// `import` streams its file (issue 17, point 3).
+    @Suite struct ShellImport {
+        /// A 100 MB file goes in with storectl's peak resident memory under 64 MiB (before: the whole file, then
+        /// every item, were held at once: 441 MiB for a 105 MB file).
+        @Test func aHundredMegabyteImportStaysUnder64MiB() async throws {
+            try await Daemon.with(arguments: ["--engine", "memory"]) { daemon in
+                let file = daemon.directory + "/big.ndjson"
+                let text = String(repeating: "x", count: 10_200)
+                var data = Data()
+                data.reserveCapacity(102 << 20)
+                for n in 0..<10_000 { data.append(contentsOf: Array("{\"id\":\"item-\(n)\",\"text\":\"\(text)\"}\n".utf8)) }
+                try data.write(to: URL(fileURLWithPath: file))
+                // The peak (VmHWM) read until the process is gone.
+                let script = """
+                    "$1" --socket "$2" import big "$3" >/dev/null & pid=$!; peak=0
+                    while kill -0 $pid 2>/dev/null; do
+                        now=$(awk '/VmHWM/ {print $2}' /proc/$pid/status 2>/dev/null); [ -n "$now" ] && peak=$now; sleep 0.02
+                    done
+                    wait $pid; echo "$? $peak"
+                    """
+                let result = try await runProgram(
+                    ["/bin/bash", "-c", script, "import", binDirectory + "/storectl", daemon.socketPath, file], in: daemon.directory)
+                let figures = result.stdout.split(separator: " ").compactMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+                #expect(figures.count == 2 && figures[0] == 0, "\(result)")
+                let peak = figures.count == 2 ? figures[1] : Int.max
+                print("import: 100 MB file, storectl peak resident \(peak / 1024) MiB")
+                #expect(peak < 64 * 1024, "storectl's peak resident memory was \(peak / 1024) MiB")
+                #expect(try await daemon.storectl(["count", "big"]).stdout == "10000\n")
+            }
+        }
+
+        /// `--atomic` past the broker's limits says what to do instead, and writes nothing.
+        @Test func atomicPastMaxBatchSaysWhatToDo() async throws {
+            try await Daemon.with(arguments: ["--max-batch", "5"]) { daemon in
+                let file = daemon.directory + "/ten.ndjson"
+                try (0..<10).map { "{\"id\":\"\($0)\"}\n" }.joined().write(toFile: file, atomically: false, encoding: .utf8)
+                let result = try await daemon.storectl(["import", "notes", file, "--atomic"])
+                #expect(result.status == 65 && result.stderr.contains("import it without --atomic"), "\(result.stderr)")
+                #expect(result.stderr.contains("--max-batch"))
+                #expect(try await daemon.storectl(["count", "notes"]).stdout == "0\n")
+                // Without --atomic the same file goes in, in several commits.
+                #expect(try await daemon.storectl(["import", "notes", file]).status == 0)
+                #expect(try await daemon.storectl(["count", "notes"]).stdout == "10\n")
+            }
+        }
+    }
+}
