@@ -307,3 +307,49 @@ extension Integration {
         }
     }
 }
+
+extension Integration {
+    /// `watch` of several stores, and `watch --follow` across a daemon restart (issue 17, point 7).
+    @Suite struct ShellWatchMore {
+        @Test func severalStoresOnOneWatch() async throws {
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "a", #"{"id":"1"}"#])
+                let watcher = try await daemon.watch("a", ["b"])
+                #expect(await eventually { watcher.objects.filter { $0["op"] as? String == "loaded" }.count == 2 })
+                _ = try await daemon.storectl(["insert", "b", #"{"id":"x"}"#])
+                _ = try await daemon.storectl(["insert", "a", #"{"id":"2"}"#])
+                #expect(await eventually { watcher.objects.filter { $0["op"] as? String == "insert" }.count == 2 })
+                await watcher.stop()
+                let inserts = watcher.objects.filter { $0["op"] as? String == "insert" }
+                #expect(Set(inserts.map { "\($0["store"] as? String ?? "")@\($0["sequence"] as? Int ?? 0)" }) == ["b@1", "a@2"])
+                let resumeTwo = try await daemon.storectl(["watch", "a", "b", "--from", "1"])
+                #expect(resumeTwo.status == 64 && resumeTwo.stderr.contains("--from resumes one store"))
+            }
+        }
+
+        @Test func followResumesAcrossARestart() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = Daemon(in: directory)
+                try await daemon.start()
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"before"}"#])
+                let follower = try await daemon.watch("notes", ["--follow"])
+                let plain = try await daemon.watch("notes")
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"one"}"#])
+                #expect(await follower.waitFor(sequence: 2))
+                _ = await daemon.stop()
+                // Without --follow, watch ends with 69 when the broker goes away; with it, it waits.
+                #expect(await plain.process.wait(atMost: 10) == 69)
+                try await daemon.start()
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"two"}"#])
+                #expect(await follower.waitFor(sequence: 3, within: 30), "\(follower.lines)")
+                await follower.stop()
+                await daemon.stop()
+                let objects = follower.objects
+                // Each commit once, in order, and a `resumed` line where it came back.
+                let commits = objects.filter { $0["op"] as? String == "insert" }.map { $0["sequence"] as? Int ?? 0 }
+                #expect(commits == [2, 3], "\(follower.lines)")
+                #expect(objects.contains { $0["op"] as? String == "resumed" && $0["sequence"] as? Int == 2 }, "\(follower.lines)")
+            }
+        }
+    }
+}
