@@ -26,7 +26,8 @@ struct Watch: AsyncParsableCommand {
             """)
 
     @OptionGroup var global: GlobalOptions
-    @Argument(help: "The stores: one or more, followed at once (each line names its store).") var stores: [String]
+    @Argument(help: "The stores: one or more, followed at once (each line names its store).", completion: .storeNames)
+    var stores: [String]
     @Option(help: ArgumentHelp("Resume after this sequence instead of starting with a snapshot.", valueName: "sequence"))
     var from: UInt64?
     @Option(help: ArgumentHelp("The epoch --from belongs to (default: the store's current one).", valueName: "epoch"))

@@ -353,3 +353,29 @@ extension Integration {
         }
     }
 }
+
+extension Integration {
+    /// Shell completions offer the broker's store names and, for import, files (issue 17, point 7).
+    @Suite struct ShellCompletions {
+        @Test func storeNamesComeFromTheBrokerTheLineNames() async throws {
+            try await Daemon.with { daemon in
+                for store in ["notes", "news", "other"] { _ = try await daemon.storectl(["insert", store, #"{"id":"1"}"#]) }
+                // What the generated bash script runs for `storectl --socket S query n<TAB>`.
+                let words = ["storectl", "--socket", daemon.socketPath, "query", "n"]
+                let result = try await runStorectl(
+                    ["---completion", "query", "--", "positional@0", "4", "1"] + words, in: daemon.directory)
+                #expect(result.status == 0 && result.lines == ["news", "notes"], "\(result)")
+                // No broker: nothing offered, no error.
+                let none = try await runStorectl(
+                    ["---completion", "count", "--", "positional@0", "4", "0", "storectl", "--socket", daemon.directory + "/none.sock", "count", ""],
+                    in: daemon.directory)
+                #expect(none.status == 0 && none.stdout.isEmpty, "\(none)")
+                // The scripts: store arguments ask storectl, import's file argument is a file.
+                let bash = try await runStorectl(["--generate-completion-script", "bash"], in: daemon.directory).stdout
+                #expect(bash.contains("---completion watch -- positional@0"))
+                let importFunction = bash.components(separatedBy: "_storectl_import()").last ?? ""
+                #expect(importFunction.contains("__storectl_add_completions -f"))
+            }
+        }
+    }
+}
