@@ -17,7 +17,8 @@ struct Watch: AsyncParsableCommand {
             and {"op":"dropped",...} (the store was dropped; events of a new store follow from sequence 1).
             Runs until interrupted, or exits 69 when the broker goes away.
 
-            Several stores may be named at once. With --follow it reconnects when the broker goes away and
+            Several stores may be named at once; --all follows every store, and stores created later from their
+            first commit on. With --follow it reconnects when the broker goes away and
             resumes after the last commit printed ({"op":"resumed",...}, then what followed).
 
             Examples:
@@ -27,7 +28,8 @@ struct Watch: AsyncParsableCommand {
 
     @OptionGroup var global: GlobalOptions
     @Argument(help: "The stores: one or more, followed at once (each line names its store).", completion: .storeNames)
-    var stores: [String]
+    var stores: [String] = []
+    @Flag(help: "Every store, and each store created later from its first commit on.") var all = false
     @Option(help: ArgumentHelp("Resume after this sequence instead of starting with a snapshot.", valueName: "sequence"))
     var from: UInt64?
     @Option(help: ArgumentHelp("The epoch --from belongs to (default: the store's current one).", valueName: "epoch"))
@@ -36,7 +38,8 @@ struct Watch: AsyncParsableCommand {
     var follow = false
 
     func validate() throws {
-        if from != nil, stores.count > 1 { throw ValidationError("--from resumes one store: name only one") }
+        if all != stores.isEmpty { throw ValidationError(all ? "--all takes no store names" : "name a store, or give --all") }
+        if from != nil, stores.count != 1 { throw ValidationError("--from resumes one store: name only one") }
         if epoch != nil, from == nil { throw ValidationError("--epoch goes with --from") }
         if Set(stores).count != stores.count { throw ValidationError("a store is named twice") }
     }
@@ -45,22 +48,64 @@ struct Watch: AsyncParsableCommand {
         try await reporting {
             // Each store on a connection of its own; the first that ends (an error, or the broker going away
             // without --follow) ends the command.
+            if all { return try await watchAll() }
             try await withThrowingTaskGroup(of: Void.self) { group in
-                for store in stores { group.addTask { try await watch(store) } }
+                for store in stores {
+                    group.addTask { try await watch(store, from: from.map { (epoch ?? 0, $0) }) }
+                }
                 _ = try await group.next()
                 group.cancelAll()
             }
         }
     }
 
-    /// Follows one store for as long as the command runs; with --follow, across the broker going away.
-    private func watch(_ store: String) async throws {
+    /// `--all`: the stores there are now from their snapshots, and a store that appears later (the list is
+    /// asked for twice a second) from its first commit on: it is resumed after sequence 0 of its epoch, so its
+    /// commits made before it was noticed come as events too (or `history-gone` and its snapshot, when the
+    /// daemon no longer holds them).
+    private func watchAll() async throws {
+        let failure = FirstFailure()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            var watched: Set<String> = []
+            var first = true
+            while true {
+                if let error = failure.error {
+                    group.cancelAll()
+                    throw error
+                }
+                let listed: [StoreInfo]
+                do {
+                    let connection = try await global.connect()
+                    listed = try await connection.stores()
+                    await connection.close()
+                } catch let error as StoreBrokerError where follow && Failure(error).code == Failure.unavailable {
+                    listed = []  // the broker is away: each store's watch reconnects by itself
+                }
+                for info in listed where !watched.contains(info.name) && !info.isBroken {
+                    watched.insert(info.name)
+                    let start: (UInt64, UInt64)? = first ? nil : (info.epoch, 0)
+                    group.addTask {
+                        do {
+                            try await watch(info.name, from: start)
+                        } catch {
+                            failure.record(error)
+                        }
+                    }
+                }
+                first = false
+                try await Task.sleep(for: .milliseconds(500))
+            }
+        }
+    }
+
+    /// Follows one store for as long as the command runs (from its snapshot, or after `from`); with --follow,
+    /// across the broker going away.
+    private func watch(_ store: String, from: (epoch: UInt64, sequence: UInt64)?) async throws {
         let name = JSON.string(store)
         // The commit the lines printed so far end with: where a reconnection resumes.
-        var position: (epoch: UInt64, sequence: UInt64)?
+        var position = from
         var backoff: Duration = .milliseconds(100)
         var resuming = from != nil
-        if let from { position = (epoch ?? 0, from) }
         while true {
             do {
                 let connection = try await global.connect()
@@ -148,6 +193,15 @@ struct Watch: AsyncParsableCommand {
         // It ends without an error only if the broker ended the subscription.
         throw StoreBrokerError(.connectionClosed, "the subscription to \(store) ended")
     }
+}
+
+/// The first error of the stores `watch --all` follows: it ends the command.
+private final class FirstFailure: Sendable {
+    private let state = Locked<(any Error)?>(nil)
+
+    var error: (any Error)? { state.withLock { $0 } }
+
+    func record(_ error: any Error) { state.withLock { $0 = $0 ?? error } }
 }
 
 /// Closes the connection when the first line does not come in time; `fired` tells the caller why it closed.

@@ -327,6 +327,23 @@ extension Integration {
             }
         }
 
+        /// `--all`: every store, and a store created later from its first commit on (its commits before it was
+        /// noticed come as events, not folded into a snapshot).
+        @Test func allStoresIncludingOnesCreatedLater() async throws {
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "a", #"{"id":"1"}"#])
+                let watcher = try await daemon.watch("--all")
+                #expect(await eventually { watcher.objects.contains { $0["op"] as? String == "loaded" && $0["store"] as? String == "a" } })
+                for n in 1...3 { _ = try await daemon.storectl(["insert", "later", "{\"id\":\"\(n)\"}"]) }
+                #expect(await eventually { watcher.objects.filter { $0["store"] as? String == "later" && $0["op"] as? String == "insert" }.count == 3 })
+                await watcher.stop()
+                let later = watcher.objects.filter { $0["store"] as? String == "later" }
+                #expect(later.first?["op"] as? String == "resumed" && later.first?["sequence"] as? Int == 0, "\(watcher.lines)")
+                #expect(later.dropFirst().map { $0["sequence"] as? Int } == [1, 2, 3], "\(watcher.lines)")
+                #expect(try await daemon.storectl(["watch", "--all", "a"]).status == 64)
+            }
+        }
+
         @Test func followResumesAcrossARestart() async throws {
             try await withTemporaryDirectory { directory in
                 let daemon = Daemon(in: directory)
