@@ -242,6 +242,22 @@ extension Integration {
                     let before = String(line[..<(line.range(of: "{")!.lowerBound)])
                     #expect(Table.width(before) == itemColumn, "\(lines)")
                 }
+                // An import's progress bar moves as batches commit (before: drawn once, at 100%).
+                let file = daemon.directory + "/many.ndjson"
+                try (0..<100_000).map { "{\"id\":\"\($0)\"}\n" }.joined().write(toFile: file, atomically: false, encoding: .utf8)
+                let bar = try await onTerminal(daemon, ["import", "many", file]).joined(separator: "\n")
+                let states = Set(bar.matches(of: /\((\d+)%\)/).map { String($0.1) })
+                #expect(states.count >= 2 && states.contains("100"), "\(states)")
+                // `secret set NAME` on a terminal asks without echo: the secret typed never shows.
+                // (Typed after the prompt is up: what is typed ahead, the terminal itself echoes.)
+                let typed = try await runProgram(
+                    [
+                        "/bin/bash", "-c",
+                        "(sleep 1; printf 'typed-s3cr3t\\n') | /usr/bin/script -qec \"$0 --socket $1 secret set token\" /dev/null",
+                        binDirectory + "/storectl", daemon.socketPath,
+                    ], in: daemon.directory)
+                #expect(typed.stdout.contains("secret token: ") && !typed.stdout.contains("typed-s3cr3t"), "\(typed.stdout)")
+                #expect(try await daemon.storectl(["secret", "get", "token"]).stdout == "typed-s3cr3t\n")
                 // --limit -1 says what it takes.
                 let limit = try await daemon.storectl(["query", "notes", "--limit", "-1"])
                 #expect(limit.status == 64 && limit.stderr.contains("--limit takes a number of items from 0"), "\(limit.stderr)")
