@@ -66,7 +66,7 @@ struct Query: AsyncParsableCommand {
             """)
 
     @OptionGroup var global: GlobalOptions
-    @Argument(help: "The store.") var store: String
+    @Argument(help: "The store.", completion: .storeNames) var store: String
     @Option(name: .customLong("id"), help: "Only this id (repeatable).") var ids: [String] = []
     @Option(help: "At most this many items (0: all).") var limit: Int = 0
     @Option(help: "Start after this id.") var after: String?
@@ -143,7 +143,7 @@ struct Count: AsyncParsableCommand {
         discussion: "Example:\n  storectl count notes")
 
     @OptionGroup var global: GlobalOptions
-    @Argument(help: "The store.") var store: String
+    @Argument(help: "The store.", completion: .storeNames) var store: String
 
     func run() async throws {
         try await reporting {
@@ -338,7 +338,7 @@ struct Get: AsyncParsableCommand {
             """)
 
     @OptionGroup var global: GlobalOptions
-    @Argument(help: "The store.") var store: String
+    @Argument(help: "The store.", completion: .storeNames) var store: String
     @Argument(help: "The item's id.") var id: String
     @Flag(help: "Wrap it with its id and timestamps.") var meta = false
 

@@ -236,3 +236,25 @@ struct ConditionOptions: ParsableArguments {
         }
     }
 }
+
+extension CompletionKind {
+    /// The names of the stores of the broker the command line names (`--socket`), else of the default socket's:
+    /// what a shell offers after `storectl query <TAB>`. Nothing when no broker answers within 2 s.
+    static var storeNames: CompletionKind {
+        .custom { (words: [String], _: Int, prefix: String) async -> [String] in
+            var socket = BrokerConnection.defaultSocketPath()
+            if let index = words.firstIndex(of: "--socket"), index + 1 < words.count {
+                socket = words[index + 1]
+            } else if let word = words.first(where: { $0.hasPrefix("--socket=") }) {
+                socket = String(word.dropFirst("--socket=".count))
+            }
+            guard
+                let connection = try? await BrokerConnection.connect(
+                    socketPath: socket, clientName: "storectl-completion", timeout: .seconds(2))
+            else { return [] }
+            let names = (try? await connection.stores().map(\.name)) ?? []
+            await connection.close()
+            return names.filter { $0.hasPrefix(prefix) }
+        }
+    }
+}

@@ -16,7 +16,7 @@ struct Export: AsyncParsableCommand {
             """)
 
     @OptionGroup var global: GlobalOptions
-    @Argument(help: "The store.") var store: String
+    @Argument(help: "The store.", completion: .storeNames) var store: String
     @Flag(help: "Wrap each item with its id and timestamps.") var meta = false
 
     func run() async throws {
@@ -59,8 +59,8 @@ struct Import: AsyncParsableCommand {
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var condition: ConditionOptions
-    @Argument(help: "The store.") var store: String
-    @Argument(help: "The NDJSON file, or - for stdin.") var file: String
+    @Argument(help: "The store.", completion: .storeNames) var store: String
+    @Argument(help: "The NDJSON file, or - for stdin.", completion: .file()) var file: String
     @Option(name: .customLong("id-field"), help: "The field that holds the id.") var idField = "id"
     @Flag(help: "All items in one atomic commit.") var atomic = false
 

@@ -17,7 +17,7 @@ struct Insert: AsyncParsableCommand {
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var condition: ConditionOptions
-    @Argument(help: "The store.") var store: String
+    @Argument(help: "The store.", completion: .storeNames) var store: String
     @Argument(help: "Items as JSON objects; none: NDJSON on stdin.") var items: [String] = []
     @Option(name: .customLong("id-field"), help: "The field that holds the id.") var idField = "id"
 
@@ -61,7 +61,7 @@ struct Remove: AsyncParsableCommand {
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var condition: ConditionOptions
-    @Argument(help: "The store.") var store: String
+    @Argument(help: "The store.", completion: .storeNames) var store: String
     @Argument(help: "The ids.") var ids: [String]
 
     func validate() throws {
@@ -80,7 +80,7 @@ struct Clear: AsyncParsableCommand {
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var condition: ConditionOptions
-    @Argument(help: "The store.") var store: String
+    @Argument(help: "The store.", completion: .storeNames) var store: String
 
     func run() async throws {
         try await write(global) { try await $0.write(store, .removeAll, condition: condition.condition) }
@@ -94,7 +94,7 @@ struct Drop: AsyncParsableCommand {
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var condition: ConditionOptions
-    @Argument(help: "The store.") var store: String
+    @Argument(help: "The store.", completion: .storeNames) var store: String
 
     func run() async throws {
         try await write(global) { try await $0.drop(store, condition: condition.condition) }
@@ -115,7 +115,7 @@ struct Apply: AsyncParsableCommand {
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var condition: ConditionOptions
-    @Argument(help: "The store.") var store: String
+    @Argument(help: "The store.", completion: .storeNames) var store: String
     @Option(name: .customLong("id-field"), help: "The field of an inserted item that holds its id.")
     var idField = "id"
 

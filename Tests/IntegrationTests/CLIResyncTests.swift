@@ -242,6 +242,22 @@ extension Integration {
                     let before = String(line[..<(line.range(of: "{")!.lowerBound)])
                     #expect(Table.width(before) == itemColumn, "\(lines)")
                 }
+                // An import's progress bar moves as batches commit (before: drawn once, at 100%).
+                let file = daemon.directory + "/many.ndjson"
+                try (0..<100_000).map { "{\"id\":\"\($0)\"}\n" }.joined().write(toFile: file, atomically: false, encoding: .utf8)
+                let bar = try await onTerminal(daemon, ["import", "many", file]).joined(separator: "\n")
+                let states = Set(bar.matches(of: /\((\d+)%\)/).map { String($0.1) })
+                #expect(states.count >= 2 && states.contains("100"), "\(states)")
+                // `secret set NAME` on a terminal asks without echo: the secret typed never shows.
+                // (Typed after the prompt is up: what is typed ahead, the terminal itself echoes.)
+                let typed = try await runProgram(
+                    [
+                        "/bin/bash", "-c",
+                        "(sleep 1; printf 'typed-s3cr3t\\n') | /usr/bin/script -qec \"$0 --socket $1 secret set token\" /dev/null",
+                        binDirectory + "/storectl", daemon.socketPath,
+                    ], in: daemon.directory)
+                #expect(typed.stdout.contains("secret token: ") && !typed.stdout.contains("typed-s3cr3t"), "\(typed.stdout)")
+                #expect(try await daemon.storectl(["secret", "get", "token"]).stdout == "typed-s3cr3t\n")
                 // --limit -1 says what it takes.
                 let limit = try await daemon.storectl(["query", "notes", "--limit", "-1"])
                 #expect(limit.status == 64 && limit.stderr.contains("--limit takes a number of items from 0"), "\(limit.stderr)")
@@ -303,6 +319,95 @@ extension Integration {
                 // Without --atomic the same file goes in, in several commits.
                 #expect(try await daemon.storectl(["import", "notes", file]).status == 0)
                 #expect(try await daemon.storectl(["count", "notes"]).stdout == "10\n")
+            }
+        }
+    }
+}
+
+extension Integration {
+    /// `watch` of several stores, and `watch --follow` across a daemon restart (issue 17, point 7).
+    @Suite struct ShellWatchMore {
+        @Test func severalStoresOnOneWatch() async throws {
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "a", #"{"id":"1"}"#])
+                let watcher = try await daemon.watch("a", ["b"])
+                #expect(await eventually { watcher.objects.filter { $0["op"] as? String == "loaded" }.count == 2 })
+                _ = try await daemon.storectl(["insert", "b", #"{"id":"x"}"#])
+                _ = try await daemon.storectl(["insert", "a", #"{"id":"2"}"#])
+                #expect(await eventually { watcher.objects.filter { $0["op"] as? String == "insert" }.count == 2 })
+                await watcher.stop()
+                let inserts = watcher.objects.filter { $0["op"] as? String == "insert" }
+                #expect(Set(inserts.map { "\($0["store"] as? String ?? "")@\($0["sequence"] as? Int ?? 0)" }) == ["b@1", "a@2"])
+                let resumeTwo = try await daemon.storectl(["watch", "a", "b", "--from", "1"])
+                #expect(resumeTwo.status == 64 && resumeTwo.stderr.contains("--from resumes one store"))
+            }
+        }
+
+        /// `--all`: every store, and a store created later from its first commit on (its commits before it was
+        /// noticed come as events, not folded into a snapshot).
+        @Test func allStoresIncludingOnesCreatedLater() async throws {
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "a", #"{"id":"1"}"#])
+                let watcher = try await daemon.watch("--all")
+                #expect(await eventually { watcher.objects.contains { $0["op"] as? String == "loaded" && $0["store"] as? String == "a" } })
+                for n in 1...3 { _ = try await daemon.storectl(["insert", "later", "{\"id\":\"\(n)\"}"]) }
+                #expect(await eventually { watcher.objects.filter { $0["store"] as? String == "later" && $0["op"] as? String == "insert" }.count == 3 })
+                await watcher.stop()
+                let later = watcher.objects.filter { $0["store"] as? String == "later" }
+                #expect(later.first?["op"] as? String == "resumed" && later.first?["sequence"] as? Int == 0, "\(watcher.lines)")
+                #expect(later.dropFirst().map { $0["sequence"] as? Int } == [1, 2, 3], "\(watcher.lines)")
+                #expect(try await daemon.storectl(["watch", "--all", "a"]).status == 64)
+            }
+        }
+
+        @Test func followResumesAcrossARestart() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = Daemon(in: directory)
+                try await daemon.start()
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"before"}"#])
+                let follower = try await daemon.watch("notes", ["--follow"])
+                let plain = try await daemon.watch("notes")
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"one"}"#])
+                #expect(await follower.waitFor(sequence: 2))
+                _ = await daemon.stop()
+                // Without --follow, watch ends with 69 when the broker goes away; with it, it waits.
+                #expect(await plain.process.wait(atMost: 10) == 69)
+                try await daemon.start()
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"two"}"#])
+                #expect(await follower.waitFor(sequence: 3, within: 30), "\(follower.lines)")
+                await follower.stop()
+                await daemon.stop()
+                let objects = follower.objects
+                // Each commit once, in order, and a `resumed` line where it came back.
+                let commits = objects.filter { $0["op"] as? String == "insert" }.map { $0["sequence"] as? Int ?? 0 }
+                #expect(commits == [2, 3], "\(follower.lines)")
+                #expect(objects.contains { $0["op"] as? String == "resumed" && $0["sequence"] as? Int == 2 }, "\(follower.lines)")
+            }
+        }
+    }
+}
+
+extension Integration {
+    /// Shell completions offer the broker's store names and, for import, files (issue 17, point 7).
+    @Suite struct ShellCompletions {
+        @Test func storeNamesComeFromTheBrokerTheLineNames() async throws {
+            try await Daemon.with { daemon in
+                for store in ["notes", "news", "other"] { _ = try await daemon.storectl(["insert", store, #"{"id":"1"}"#]) }
+                // What the generated bash script runs for `storectl --socket S query n<TAB>`.
+                let words = ["storectl", "--socket", daemon.socketPath, "query", "n"]
+                let result = try await runStorectl(
+                    ["---completion", "query", "--", "positional@0", "4", "1"] + words, in: daemon.directory)
+                #expect(result.status == 0 && result.lines == ["news", "notes"], "\(result)")
+                // No broker: nothing offered, no error.
+                let none = try await runStorectl(
+                    ["---completion", "count", "--", "positional@0", "4", "0", "storectl", "--socket", daemon.directory + "/none.sock", "count", ""],
+                    in: daemon.directory)
+                #expect(none.status == 0 && none.stdout.isEmpty, "\(none)")
+                // The scripts: store arguments ask storectl, import's file argument is a file.
+                let bash = try await runStorectl(["--generate-completion-script", "bash"], in: daemon.directory).stdout
+                #expect(bash.contains("---completion watch -- positional@0"))
+                let importFunction = bash.components(separatedBy: "_storectl_import()").last ?? ""
+                #expect(importFunction.contains("__storectl_add_completions -f"))
             }
         }
     }
