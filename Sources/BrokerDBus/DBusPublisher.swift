@@ -342,16 +342,15 @@ public final class DBusPublisher: CommitObserver, Sendable {
         return dbus_connection_get_is_connected(connection) != 0
     }
 
+    /// Answers a method call as a libdbus or GDBus object tree would: `Peer` on every path; on the object path
+    /// the full introspection and `UnknownMethod` for the rest; on its parents (`/`, `/org`, `/org/storebroker`)
+    /// an introspection naming the next child, so `gdbus introspect --recurse` finds the object; anywhere else
+    /// `UnknownObject`.
     private func answer(_ call: OpaquePointer, on connection: OpaquePointer) {
+        let path = dbus_message_get_path(call).map { String(cString: $0) } ?? ""
+        let place = StoreBrokerDBus.Place(path)
         let reply: OpaquePointer?
-        if dbus_message_is_method_call(call, "org.freedesktop.DBus.Introspectable", "Introspect") != 0 {
-            reply = dbus_message_new_method_return(call)
-            if let reply {
-                var iterator = DBusMessageIter()
-                dbus_message_iter_init_append(reply, &iterator)
-                sb_dbus_append_string(&iterator, StoreBrokerDBus.introspectionXML)
-            }
-        } else if dbus_message_is_method_call(call, "org.freedesktop.DBus.Peer", "Ping") != 0 {
+        if dbus_message_is_method_call(call, "org.freedesktop.DBus.Peer", "Ping") != 0 {
             reply = dbus_message_new_method_return(call)
         } else if dbus_message_is_method_call(call, "org.freedesktop.DBus.Peer", "GetMachineId") != 0 {
             reply = dbus_message_new_method_return(call)
@@ -361,8 +360,25 @@ public final class DBusPublisher: CommitObserver, Sendable {
                 sb_dbus_append_string(&iterator, String(cString: machine))
                 dbus_free(machine)
             }
+        } else if dbus_message_is_method_call(call, "org.freedesktop.DBus.Introspectable", "Introspect") != 0,
+            let xml = place.introspectionXML
+        {
+            reply = dbus_message_new_method_return(call)
+            if let reply {
+                var iterator = DBusMessageIter()
+                dbus_message_iter_init_append(reply, &iterator)
+                sb_dbus_append_string(&iterator, xml)
+            }
         } else if dbus_message_get_no_reply(call) == 0 {
-            reply = dbus_message_new_error(call, DBUS_ERROR_UNKNOWN_METHOD, "storebrokerd only emits signals on D-Bus")
+            switch place {
+            case .object, .parent:
+                let member = dbus_message_get_member(call).map { String(cString: $0) } ?? ""
+                reply = dbus_message_new_error(
+                    call, DBUS_ERROR_UNKNOWN_METHOD, "no method \(member) on \(path): storebrokerd only emits signals on D-Bus")
+            case .unknown:
+                reply = dbus_message_new_error(
+                    call, DBUS_ERROR_UNKNOWN_OBJECT, "no object at \(path): storebrokerd's object is \(StoreBrokerDBus.objectPath)")
+            }
         } else {
             reply = nil
         }

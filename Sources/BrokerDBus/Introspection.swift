@@ -4,6 +4,15 @@ public enum StoreBrokerDBus {
     public static let objectPath = "/org/storebroker/StoreBroker1"
     public static let interface = "org.storebroker.StoreBroker1"
 
+    /// The `Introspectable` interface, as every introspection lists it.
+    static let introspectable = """
+          <interface name="org.freedesktop.DBus.Introspectable">
+            <method name="Introspect">
+              <arg name="xml_data" type="s" direction="out"/>
+            </method>
+          </interface>
+        """
+
     /// What `org.freedesktop.DBus.Introspectable.Introspect` answers on `objectPath`.
     public static let introspectionXML = """
         <!DOCTYPE node PUBLIC "-//freedesktop//DTD D-BUS Object Introspection 1.0//EN"
@@ -30,11 +39,7 @@ public enum StoreBrokerDBus {
               <arg name="secure" type="b"/>
             </signal>
           </interface>
-          <interface name="org.freedesktop.DBus.Introspectable">
-            <method name="Introspect">
-              <arg name="xml_data" type="s" direction="out"/>
-            </method>
-          </interface>
+        \(introspectable)
           <interface name="org.freedesktop.DBus.Peer">
             <method name="Ping"/>
             <method name="GetMachineId">
@@ -44,4 +49,46 @@ public enum StoreBrokerDBus {
         </node>
 
         """
+
+    /// Where a method call is addressed, relative to the broker's one object.
+    enum Place: Equatable {
+        /// `objectPath` itself.
+        case object
+        /// A parent of `objectPath`; `child` is the next path element towards it.
+        case parent(child: String)
+        /// Anything else: no object there.
+        case unknown
+
+        init(_ path: String) {
+            if path == StoreBrokerDBus.objectPath {
+                self = .object
+                return
+            }
+            let prefix = path == "/" ? "/" : path + "/"
+            guard StoreBrokerDBus.objectPath.hasPrefix(prefix) else {
+                self = .unknown
+                return
+            }
+            let rest = StoreBrokerDBus.objectPath.dropFirst(prefix.count)
+            self = .parent(child: String(rest.prefix { $0 != "/" }))
+        }
+
+        /// What `Introspect` answers here; nil where there is no object.
+        var introspectionXML: String? {
+            switch self {
+            case .object: return StoreBrokerDBus.introspectionXML
+            case .parent(let child):
+                return """
+                    <!DOCTYPE node PUBLIC "-//freedesktop//DTD D-BUS Object Introspection 1.0//EN"
+                     "http://www.freedesktop.org/standards/dbus/1.0/introspect.dtd">
+                    <node>
+                    \(StoreBrokerDBus.introspectable)
+                      <node name="\(child)"/>
+                    </node>
+
+                    """
+            case .unknown: return nil
+            }
+        }
+    }
 }
