@@ -10,6 +10,7 @@ import PackageDescription
 //   BrokerCore        store semantics, sequences, events, subscriptions, in its own commands, answers and
 //                     errors; no Wire, no networking, no dlopen
 //   EngineLoader      finds and dlopens storage engines
+//   EngineConformance the engine contract as checks (storebroker-engine-check and the tests run it)
 //   BrokerServer      the daemon: the Unix socket (NIOPosix), connections, paths, start-up and shutdown
 //   StoreBrokerClient the client connection (NIOPosix): typed calls over StoreModel, what storectl and
 //                     applications use; Wire stays behind it
@@ -25,6 +26,8 @@ let package = Package(
         .executable(name: "storebrokerd", targets: ["storebrokerd"]),
         .executable(name: "storectl", targets: ["storectl"]),
         .executable(name: "wiredump", targets: ["wiredump"]),
+        // The engine conformance checker: any engine file against the ABI's contract (docs/ENGINE-ABI.md).
+        .executable(name: "storebroker-engine-check", targets: ["storebroker-engine-check"]),
         // The load generator: our protocol measured the way redis-benchmark measures Redis.
         .executable(name: "storebroker-benchmark", targets: ["storebroker-benchmark"]),
         // Storage engines: each a shared library libstorebroker-engine-NAME.so beside the daemon binary.
@@ -71,6 +74,12 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),
+        // The engine conformance suite, shared by the checker and the tests (no copy).
+        .target(
+            name: "EngineConformance",
+            dependencies: ["BrokerCore", "EngineLoader", "TestSupport", .product(name: "NIOCore", package: "swift-nio")]
+        ),
+        .executableTarget(name: "storebroker-engine-check", dependencies: ["EngineConformance", "EngineLoader", "TestSupport"]),
         // Helpers for engines written in Swift; linked into each engine library, never into the host.
         .target(name: "StorageEngineKit", dependencies: ["CStorageEngine", "OrderedStorage", "ErrorShape"]),
         .target(

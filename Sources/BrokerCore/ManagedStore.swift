@@ -471,7 +471,8 @@ final class ManagedStore: Sendable {
                     outcomes.append(.failed(conflict))
                     continue
                 }
-                if case .chain = operation, !atomic {
+                // One operation is atomic whatever the engine; a chain of several is not without SB_CAP_ATOMIC.
+                if case .chain(let chained) = operation, chained.count > 1, !atomic {
                     outcomes.append(
                         .failed(
                             BrokerError(

@@ -133,15 +133,11 @@ public protocol EngineStore: AnyObject, Sendable {
 
     /// Applies `steps` in order and records `sequence`, all or nothing.
     func apply(_ steps: [EngineStep], sequence: UInt64) throws(EngineFailure)
-    /// The records for `keys`, in request order; `nil` for a missing key.
-    func get(_ keys: [[UInt8]]) throws(EngineFailure) -> [EngineRecord?]
     /// Every record, in the store's order, handed to `visit` one at a time with its bytes borrowed for the call
     /// only: loading a store builds memory from them directly, with no array of every record in between.
     func scan(_ visit: (ScannedRecord) -> Void) throws(EngineFailure)
+    /// How many records the next `scan` yields (memory is sized from it before the scan).
     func count() throws(EngineFailure) -> UInt64
-    /// Every key, in the store's order.
-    func allKeys() throws(EngineFailure) -> [[UInt8]]
-    func contains(_ key: [UInt8]) throws(EngineFailure) -> Bool
     /// Releases the store. No other call may follow.
     func close()
 }

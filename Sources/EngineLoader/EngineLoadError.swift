@@ -21,6 +21,8 @@ public struct EngineLoadError: LayerError, Sendable {
         case invalidEngine
         /// An option the engine does not declare.
         case unknownOption
+        /// An option value the engine's `check_options` refuses.
+        case invalidOption
     }
 
     public var reason: Reason

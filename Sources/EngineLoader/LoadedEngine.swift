@@ -48,7 +48,9 @@ public final class LoadedEngine: StorageEngine, @unchecked Sendable {
             throw EngineLoadError(
                 .abiMismatch, path: path,
                 "built for engine ABI \(major).\(minor); this host speaks \(host.major).\(host.minor) and loads "
-                    + "major \(host.major) only")
+                    + "major \(host.major) only"
+                    + (major == 1 && host.major == 2
+                        ? " (2.0 cut get, keys and contains and added check_options: docs/ENGINE-ABI.md \"Versions\")" : ""))
         }
         let needed = MemoryLayout<storebroker_engine>.size
         guard size >= needed else {
@@ -57,8 +59,8 @@ public final class LoadedEngine: StorageEngine, @unchecked Sendable {
                 "its table is \(size) bytes; engine ABI \(host.major).0 needs at least \(needed)")
         }
         let t = table.pointee
-        guard t.name != nil, t.version != nil, t.option_keys != nil, t.open != nil, t.close != nil, t.drop != nil,
-            t.apply != nil, t.get != nil, t.scan != nil, t.count != nil, t.keys != nil, t.contains != nil
+        guard t.name != nil, t.version != nil, t.option_keys != nil, t.check_options != nil, t.open != nil,
+            t.close != nil, t.drop != nil, t.apply != nil, t.scan != nil, t.count != nil
         else {
             throw EngineLoadError(.invalidEngine, path: path, "its table has a NULL member")
         }
@@ -83,13 +85,22 @@ public final class LoadedEngine: StorageEngine, @unchecked Sendable {
         self.abiMinor = minor
     }
 
-    /// Fails for an option key the engine does not declare.
+    /// Fails for an option key the engine does not declare, then for a value the engine's `check_options`
+    /// refuses (no store or file is touched).
     public func validate(options: [String: String]) throws(EngineLoadError) {
         for key in options.keys.sorted() where !optionKeys.contains(key) {
             throw EngineLoadError(
                 .unknownOption, path: path,
                 "engine \(name) has no option \(key.debugDescription); it accepts: "
                     + (optionKeys.isEmpty ? "(none)" : optionKeys.joined(separator: ", ")))
+        }
+        do throws(EngineFailure) {
+            try withOptions(options) { (list, count) throws(EngineFailure) in
+                var error = sb_error()
+                try check(table.pointee.check_options(table, list, count, &error), &error)
+            }
+        } catch {
+            throw EngineLoadError(.invalidOption, path: path, "engine \(name) refuses its options: \(error.message)", underlying: error)
         }
     }
 
@@ -151,12 +162,12 @@ public final class LoadedEngine: StorageEngine, @unchecked Sendable {
 ///
 /// `@unchecked Sendable`: the store handle is touched only while `closed`'s lock is held, which serializes every
 /// call (the broker makes them from one writer at a time, so the lock is never contended there).
-final class LoadedStore: EngineStore, @unchecked Sendable {
+public final class LoadedStore: EngineStore, @unchecked Sendable {
     let engine: LoadedEngine
     private let handle: OpaquePointer
     /// Held during each call; true once closed.
     private let closed = Locked(false)
-    let openedSequence: UInt64
+    public let openedSequence: UInt64
 
     init(engine: LoadedEngine, handle: OpaquePointer, sequence: UInt64) {
         self.engine = engine
@@ -177,7 +188,7 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
         }
     }
 
-    func apply(_ steps: [EngineStep], sequence: UInt64) throws(EngineFailure) {
+    public func apply(_ steps: [EngineStep], sequence: UInt64) throws(EngineFailure) {
         try call { [engine] (handle, error) throws(EngineFailure) in
             try StepArena.withSteps(steps) { (cSteps, count) throws(EngineFailure) in
                 try engine.check(engine.functions.apply(handle, cSteps, count, sequence, &error), &error)
@@ -185,32 +196,25 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
         }
     }
 
-    func get(_ keys: [[UInt8]]) throws(EngineFailure) -> [EngineRecord?] {
-        try call { [engine] (handle, error) throws(EngineFailure) in
-            let collector = Collector<[EngineRecord?]>(Array(repeating: nil, count: keys.count))
-            try StepArena.withKeys(keys) { (cKeys, count) throws(EngineFailure) in
-                let status = engine.functions.get(handle, cKeys, count, { context, index, item in
-                    let collector = Unmanaged<Collector<[EngineRecord?]>>.fromOpaque(context!).takeUnretainedValue()
-                    guard index < collector.values.count else { return 1 }
-                    collector.values[index] = item.map { EngineRecord(ScannedRecord($0.pointee)) }
-                    return 0
-                }, Unmanaged.passUnretained(collector).toOpaque(), &error)
-                try engine.check(status, &error)
-            }
-            return collector.values
+    public func scan(_ visit: (ScannedRecord) -> Void) throws(EngineFailure) {
+        try scan { record in
+            visit(record)
+            return true
         }
     }
 
-    func scan(_ visit: (ScannedRecord) -> Void) throws(EngineFailure) {
+    /// Every record in the store's order until `visit` returns false: the engine must then stop at once and fail
+    /// with `stopped` (SB_ERR_STOPPED), which this throws.
+    public func scan(while visit: (ScannedRecord) -> Bool) throws(EngineFailure) {
         try call { [engine] (handle, error) throws(EngineFailure) in
             // The engine calls back once per item; the visit is valid only during this call.
             var failure: EngineFailure?
             withoutActuallyEscaping(visit) { visit in
                 let visitor = Collector(visit)
                 let status = engine.functions.scan(handle, { context, item in
-                    Unmanaged<Collector<(ScannedRecord) -> Void>>.fromOpaque(context!).takeUnretainedValue().values(
+                    let go = Unmanaged<Collector<(ScannedRecord) -> Bool>>.fromOpaque(context!).takeUnretainedValue().values(
                         ScannedRecord(item!.pointee))
-                    return 0
+                    return go ? 0 : 1
                 }, Unmanaged.passUnretained(visitor).toOpaque(), &error)
                 do throws(EngineFailure) {
                     try engine.check(status, &error)
@@ -222,7 +226,7 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
         }
     }
 
-    func count() throws(EngineFailure) -> UInt64 {
+    public func count() throws(EngineFailure) -> UInt64 {
         try call { [engine] (handle, error) throws(EngineFailure) in
             var count: UInt64 = 0
             try engine.check(engine.functions.count(handle, &count, &error), &error)
@@ -230,30 +234,7 @@ final class LoadedStore: EngineStore, @unchecked Sendable {
         }
     }
 
-    func allKeys() throws(EngineFailure) -> [[UInt8]] {
-        try call { [engine] (handle, error) throws(EngineFailure) in
-            let collector = Collector<[[UInt8]]>([])
-            let status = engine.functions.keys(handle, { context, key in
-                Unmanaged<Collector<[[UInt8]]>>.fromOpaque(context!).takeUnretainedValue().values.append(key.array)
-                return 0
-            }, Unmanaged.passUnretained(collector).toOpaque(), &error)
-            try engine.check(status, &error)
-            return collector.values
-        }
-    }
-
-    func contains(_ key: [UInt8]) throws(EngineFailure) -> Bool {
-        try call { [engine] (handle, error) throws(EngineFailure) in
-            var present: Int32 = 0
-            try key.withUnsafeBufferPointer { (bytes) throws(EngineFailure) in
-                let cKey = sb_bytes(data: bytes.baseAddress, length: bytes.count)
-                try engine.check(engine.functions.contains(handle, cKey, &present, &error), &error)
-            }
-            return present != 0
-        }
-    }
-
-    func close() {
+    public func close() {
         closed.withLock { closed in
             guard !closed else { return }
             closed = true
@@ -338,15 +319,4 @@ enum StepArena {
         return try body(steps.isEmpty ? nil : UnsafePointer(cSteps), steps.count)
     }
 
-    static func withKeys<T>(_ keys: [[UInt8]], _ body: (UnsafePointer<sb_bytes>?, Int) throws(EngineFailure) -> T)
-        throws(EngineFailure) -> T
-    {
-        let steps = keys.map { EngineStep.remove(key: $0) }
-        return try withSteps(steps) { (cSteps, count) throws(EngineFailure) in
-            let cKeys = (0..<count).map { cSteps![$0].key }
-            return try cKeys.withUnsafeBufferPointer { (buffer) throws(EngineFailure) in
-                try body(buffer.baseAddress, buffer.count)
-            }
-        }
-    }
 }

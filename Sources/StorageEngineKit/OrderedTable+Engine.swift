@@ -17,9 +17,4 @@ extension OrderedTable where Key == [UInt8] {
         }
         if let failure { throw failure }
     }
-
-    /// Hands every key to a host callback, in order (the `keys` call of the ABI).
-    public func emitKeys(_ emit: (sb_bytes) -> Bool) throws(EngineError) {
-        try visit { key, _ in key.withUnsafeBufferPointer { emit(sb_bytes(data: $0.baseAddress, length: $0.count)) } }
-    }
 }

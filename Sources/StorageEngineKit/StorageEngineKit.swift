@@ -82,6 +82,9 @@ public protocol EngineDefinition: AnyObject, Sendable {
     var capabilities: UInt64 { get }
     var optionKeys: [String] { get }
 
+    /// Checks option values without touching any store or file: throws `EngineError.invalid` naming the bad
+    /// one. `open` and `drop` are given the same options, checked again.
+    func checkOptions(_ options: [String: String]) throws(EngineError)
     /// Opens the store; returns it and the sequence of its last apply (0 if new).
     func open(directory: String, store: String, options: [String: String]) throws(EngineError)
         -> (store: any EngineStoreImplementation, sequence: UInt64)
@@ -90,16 +93,25 @@ public protocol EngineDefinition: AnyObject, Sendable {
 
 /// One open store. Calls never overlap (the host serializes them).
 ///
-/// The `emit` closures return `false` when the host asks to stop; the implementation then throws
+/// `scan`'s `emit` returns `false` when the host asks to stop; the implementation then stops at once and throws
 /// `EngineError.stopped`.
 public protocol EngineStoreImplementation: AnyObject {
     func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence: UInt64) throws(EngineError)
-    func get(_ keys: UnsafeBufferPointer<sb_bytes>, emit: (Int, UnsafePointer<sb_item>?) -> Bool) throws(EngineError)
     func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError)
+    /// How many items the next `scan` yields.
     func count() throws(EngineError) -> UInt64
-    func keys(emit: (sb_bytes) -> Bool) throws(EngineError)
-    func contains(_ key: sb_bytes) throws(EngineError) -> Bool
     func close()
+}
+
+extension sb_step {
+    /// Refuses a key the ABI does not allow (empty, or longer than SB_MAX_KEY_LENGTH): the host never sends
+    /// one, and an engine never stores a key cut short.
+    public func checkKey() throws(EngineError) {
+        guard kind != UInt32(SB_STEP_REMOVE_ALL) else { return }
+        guard key.length >= 1, key.length <= Int(SB_MAX_KEY_LENGTH) else {
+            throw EngineError.invalid("a key of \(key.length) bytes (keys are 1 to \(SB_MAX_KEY_LENGTH) bytes)")
+        }
+    }
 }
 
 /// The test option every engine accepts: `fail_after_steps=N` makes `apply` fail after N steps.
@@ -167,6 +179,11 @@ public enum EngineExport {
             struct_size: UInt32(MemoryLayout<storebroker_engine>.size),
             name: UnsafePointer(strdup(engine.name)), version: UnsafePointer(strdup(engine.version)),
             capabilities: engine.capabilities, option_keys: UnsafePointer(keys),
+            check_options: { table, options, count, error in
+                report(error) { () throws(EngineError) in
+                    try EngineExport.definition(table!).checkOptions(EngineExport.options(options, count))
+                }
+            },
             open: { table, directory, store, options, count, outStore, outSequence, error in
                 report(error) { () throws(EngineError) in
                     let definition = EngineExport.definition(table!)
@@ -194,13 +211,6 @@ public enum EngineExport {
                     try EngineExport.store(handle).apply(UnsafeBufferPointer(start: steps, count: count), sequence: sequence)
                 }
             },
-            get: { handle, keys, count, sink, context, error in
-                report(error) { () throws(EngineError) in
-                    try EngineExport.store(handle).get(UnsafeBufferPointer(start: keys, count: count)) { index, item in
-                        sink!(context, index, item) == 0
-                    }
-                }
-            },
             scan: { handle, sink, context, error in
                 report(error) { () throws(EngineError) in
                     try EngineExport.store(handle).scan { sink!(context, $0) == 0 }
@@ -209,16 +219,6 @@ public enum EngineExport {
             count: { handle, outCount, error in
                 report(error) { () throws(EngineError) in
                     outCount!.pointee = try EngineExport.store(handle).count()
-                }
-            },
-            keys: { handle, sink, context, error in
-                report(error) { () throws(EngineError) in
-                    try EngineExport.store(handle).keys { sink!(context, $0) == 0 }
-                }
-            },
-            contains: { handle, key, outPresent, error in
-                report(error) { () throws(EngineError) in
-                    outPresent!.pointee = try EngineExport.store(handle).contains(key) ? 1 : 0
                 }
             })
         raw.initializeMemory(as: storebroker_engine.self, to: table)

@@ -107,10 +107,6 @@ final class TestEngineStore: EngineStore {
         self.sequence.withLock { $0 = sequence }
     }
 
-    func get(_ keys: [[UInt8]]) throws(EngineFailure) -> [EngineRecord?] {
-        records.withLock { records in keys.map { key in records.first { $0.key == key } } }
-    }
-
     func scan(_ visit: (ScannedRecord) -> Void) throws(EngineFailure) {
         for record in records.withLock({ $0 }) {
             record.key.withUnsafeBytes { key in
@@ -123,8 +119,6 @@ final class TestEngineStore: EngineStore {
         }
     }
     func count() throws(EngineFailure) -> UInt64 { UInt64(records.withLock { $0.count }) }
-    func allKeys() throws(EngineFailure) -> [[UInt8]] { records.withLock { $0.map(\.key) } }
-    func contains(_ key: [UInt8]) throws(EngineFailure) -> Bool { records.withLock { $0.contains { $0.key == key } } }
     func close() { engine.state.withLock { $0.closes += 1 } }
 }
 

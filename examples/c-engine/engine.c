@@ -380,21 +380,39 @@ static int32_t load(struct sb_store *s, sb_error *error) {
 
 /* ---- The ABI ------------------------------------------------------------------------------------------- */
 
+/* Reads the options into `*fail_after` (-1: never); SB_ERR_INVALID names a bad one. */
+static int32_t parse_options(const sb_option *options, size_t option_count, long *fail_after, sb_error *error) {
+    *fail_after = -1;
+    for (size_t i = 0; i < option_count; i++) {
+        if (strcmp(options[i].key, "fail_after_steps") == 0) {
+            char *end;
+            errno = 0;
+            long value = strtol(options[i].value, &end, 10);
+            if (options[i].value[0] == '\0' || *end || value < 0 || errno == ERANGE)
+                return fail(error, SB_ERR_INVALID, "fail_after_steps must be a whole number, got \"%s\"", options[i].value);
+            *fail_after = value;
+        } else {
+            return fail(error, SB_ERR_INVALID, "unknown option %s", options[i].key);
+        }
+    }
+    return SB_OK;
+}
+
+static int32_t engine_check_options(const storebroker_engine *engine, const sb_option *options, size_t option_count,
+                                    sb_error *error) {
+    (void)engine;
+    long fail_after;
+    return parse_options(options, option_count, &fail_after, error);
+}
+
 static int32_t engine_open(const storebroker_engine *engine, const char *directory, const char *store_name,
                            const sb_option *options, size_t option_count, sb_store **out_store,
                            uint64_t *out_sequence, sb_error *error) {
     (void)engine;
     (void)store_name;
-    long fail_after = -1;
-    for (size_t i = 0; i < option_count; i++) {
-        if (strcmp(options[i].key, "fail_after_steps") == 0) {
-            char *end;
-            fail_after = strtol(options[i].value, &end, 10);
-            if (*end || fail_after < 0) return fail(error, SB_ERR_INVALID, "fail_after_steps must be a whole number");
-        } else {
-            return fail(error, SB_ERR_INVALID, "unknown option %s", options[i].key);
-        }
-    }
+    long fail_after;
+    int32_t parsed = parse_options(options, option_count, &fail_after, error);
+    if (parsed != SB_OK) return parsed;
     struct sb_store *s = calloc(1, sizeof *s);
     if (!s || !(s->directory = strdup(directory))) {
         free(s);
@@ -442,6 +460,11 @@ static int32_t engine_apply(sb_store *s, const sb_step *steps, size_t step_count
             status = fail(error, SB_ERR_INJECTED, "failure injected after %ld steps", s->fail_after_steps);
             break;
         }
+        if (steps[i].kind != SB_STEP_REMOVE_ALL && (steps[i].key.length == 0 || steps[i].key.length > SB_MAX_KEY_LENGTH)) {
+            status = fail(error, SB_ERR_INVALID, "a key of %zu bytes (keys are 1 to %d bytes)", steps[i].key.length,
+                          SB_MAX_KEY_LENGTH);
+            break;
+        }
         switch (steps[i].kind) {
         case SB_STEP_PUT: status = put(s, &steps[i], error); break;
         case SB_STEP_REMOVE: remove_key(s, steps[i].key); break;
@@ -474,17 +497,6 @@ static sb_item view(const item *it) {
     return (sb_item){{it->key, it->key_length}, {it->payload, it->payload_length}, it->created_at, it->updated_at};
 }
 
-static int32_t engine_get(sb_store *s, const sb_bytes *keys, size_t key_count, sb_slot_sink sink, void *context,
-                          sb_error *error) {
-    for (size_t i = 0; i < key_count; i++) {
-        item *it = lookup(s, keys[i].data, keys[i].length);
-        sb_item v;
-        if (it) v = view(it);
-        if (sink(context, i, it ? &v : NULL) != 0) return fail(error, SB_ERR_STOPPED, "stopped by the host");
-    }
-    return SB_OK;
-}
-
 static int32_t engine_scan(sb_store *s, sb_item_sink sink, void *context, sb_error *error) {
     for (size_t i = 0; i < s->item_count; i++) {
         if (s->items[i].removed) continue;
@@ -500,21 +512,6 @@ static int32_t engine_count(sb_store *s, uint64_t *out_count, sb_error *error) {
     return SB_OK;
 }
 
-static int32_t engine_keys(sb_store *s, sb_key_sink sink, void *context, sb_error *error) {
-    for (size_t i = 0; i < s->item_count; i++) {
-        if (s->items[i].removed) continue;
-        if (sink(context, (sb_bytes){s->items[i].key, s->items[i].key_length}) != 0)
-            return fail(error, SB_ERR_STOPPED, "stopped by the host");
-    }
-    return SB_OK;
-}
-
-static int32_t engine_contains(sb_store *s, sb_bytes key, int32_t *out_present, sb_error *error) {
-    (void)error;
-    *out_present = lookup(s, key.data, key.length) != NULL;
-    return SB_OK;
-}
-
 static const char *const option_keys[] = {"fail_after_steps", NULL};
 
 static const storebroker_engine table = {
@@ -522,18 +519,16 @@ static const storebroker_engine table = {
     .abi_minor = SB_ENGINE_ABI_MINOR,
     .struct_size = sizeof(storebroker_engine),
     .name = "c-example",
-    .version = "1.0.0",
+    .version = "2.0.0",
     .capabilities = SB_CAP_PERSISTENT | SB_CAP_ATOMIC,
     .option_keys = option_keys,
+    .check_options = engine_check_options,
     .open = engine_open,
     .close = engine_close,
     .drop = engine_drop,
     .apply = engine_apply,
-    .get = engine_get,
     .scan = engine_scan,
     .count = engine_count,
-    .keys = engine_keys,
-    .contains = engine_contains,
 };
 
 __attribute__((visibility("default"))) const storebroker_engine *storebroker_engine_entry(void) { return &table; }

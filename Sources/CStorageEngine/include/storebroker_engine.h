@@ -1,5 +1,5 @@
 /*
- * storebroker storage engine ABI, version 1.0.
+ * storebroker storage engine ABI, version 2.0 (docs/ENGINE-ABI.md "Versions" lists what each version changed).
  *
  * A storage engine is a shared library named libstorebroker-engine-NAME.so that exports one symbol,
  * `storebroker_engine_entry`, returning a table of function pointers. The daemon (the "host") loads it with
@@ -8,10 +8,10 @@
  *
  * Rules that hold for the whole ABI:
  *
- * - Versioning. `abi_major` changes only for incompatible changes; the host refuses any major other than the
- *   one it speaks. `abi_minor` grows when members are added; members are only ever added at the END of a
- *   struct, and the host never calls a member that lies beyond the engine's reported `struct_size`. An engine
- *   built for 1.0 therefore loads into any 1.x host, and a 1.x engine into a 1.0 host.
+ * - Versioning. Cutting or changing an entry point (or a struct, a code, a rule) is a major bump: the host
+ *   refuses any major other than the one it speaks. Adding a member at the END of a struct is a minor bump:
+ *   the host never calls a member that lies beyond the engine's reported `struct_size`, so an engine built for
+ *   2.0 loads into any 2.x host, and a 2.x engine into a 2.0 host.
  * - Ownership. Every pointer the host passes in (directories, names, options, keys, payloads, steps, error
  *   structs) is owned by the host and valid only for the duration of the call; an engine that needs the bytes
  *   later copies them. Every pointer the engine passes out to a callback (items, keys, payloads) is owned by
@@ -20,12 +20,20 @@
  * - Errors. Every call that can fail returns an `int32_t` status: SB_OK (0) or one of the SB_ERR_* codes. On
  *   failure the engine also fills the host-owned `sb_error` (code and a NUL-terminated message, cut to fit).
  *   An engine must never report success for work it did not do, and never turn an I/O error into "no data".
+ *   SB_ERR_STOPPED needs no message (the host asked for it); filling one is allowed.
  * - Concurrency. The table and its strings are immutable and may be read from any thread. `open` and `drop`
  *   may be called concurrently from different threads, for different stores. Calls on one `sb_store` are
  *   serialized by the host (never two at once), but successive calls may come from different threads. Calls
  *   on different `sb_store`s may run concurrently. The host never opens the same store twice at once.
- * - Keys are raw byte strings of 1 to 1024 bytes; they may contain NUL and need not be UTF-8. Payloads are raw
- *   bytes of any length (including 0). Engines compare keys as bytes.
+ * - Keys are raw byte strings of 1 to SB_MAX_KEY_LENGTH (1024) bytes; they may contain NUL and need not be
+ *   UTF-8. The host never passes a longer or empty key (it validates ids first); an engine that is handed one
+ *   anyway fails with SB_ERR_INVALID and never cuts it. Every engine stores and returns 1,024-byte keys whole.
+ *   Payloads are raw bytes of any length (including 0) up to the protocol's item limit (under 16 MiB). Engines
+ *   compare keys as bytes.
+ * - Size of an apply. One apply carries every step of one commit group: up to 512 requests merged, each up to
+ *   the protocol's maxBatch (10,000 steps by default), so an apply may hold several million steps and
+ *   hundreds of MiB of payload. An engine that has its own limits (SQLite's 32,766 bound variables per
+ *   statement) splits the work inside one transaction; it never refuses a large apply for its size alone.
  * - Order. A store keeps its items in the order they were first inserted: a put of an existing key keeps the
  *   item's position; a put of a new key (including a key removed earlier) goes last. Reads that return many
  *   items return them in that order. Order survives close and reopen.
@@ -40,8 +48,11 @@
 extern "C" {
 #endif
 
-#define SB_ENGINE_ABI_MAJOR 1
-#define SB_ENGINE_ABI_MINOR 1
+#define SB_ENGINE_ABI_MAJOR 2
+#define SB_ENGINE_ABI_MINOR 0
+
+/* The longest key, in bytes. */
+#define SB_MAX_KEY_LENGTH 1024
 
 /* The name of the symbol every engine exports. */
 #define SB_ENGINE_ENTRY_SYMBOL "storebroker_engine_entry"
@@ -59,10 +70,20 @@ enum {
     SB_ERR_INJECTED = 8     /* a failure injected on purpose by the `fail_after_steps` test option */
 };
 
+/* Durability. SB_OK from `apply` means the apply survives the engine's process being killed at any moment
+ * after the call returns (kill -9, a crash, an out-of-memory kill): the host acknowledges a write only then.
+ * Whether it also survives power loss or a kernel crash is the engine's to say in its documentation and
+ * options (docs/ENGINE-ABI.md lists the shipped engines': sqlite's default synchronous=NORMAL may lose the
+ * last commits on power loss, synchronous=FULL does not; disk and c-example fsync every apply). */
+
 /* Capability bits (`capabilities`). */
 enum {
     SB_CAP_PERSISTENT = 1u << 0, /* data survives close and reopen (a memory engine does not set it) */
-    SB_CAP_ATOMIC = 1u << 1,     /* `apply` is all-or-nothing; the host refuses chains without it */
+    /* `apply` is all-or-nothing. Without it the host gives such an engine one request per apply (no group
+       commit) and refuses chains of more than one operation (`notSupported`); a request of several steps (a
+       batch insert, a removeAll) is still one apply, and if that apply fails partway, what the engine kept of
+       it shows after the store's next open (the host's memory keeps the last successful state until then). */
+    SB_CAP_ATOMIC = 1u << 1,
     /* ABI 1.1: `apply` never waits (no I/O, no lock another process holds) and takes time proportional to its
        steps; the host may then call it from its event loop, sparing a thread hand-off per commit. */
     SB_CAP_NONBLOCKING = 1u << 2
@@ -116,12 +137,10 @@ typedef struct sb_item {
     uint64_t updated_at;
 } sb_item;
 
-/* Callbacks the host provides. They return 0 to go on; any other value asks the engine to stop at once and
- * return SB_ERR_STOPPED. They are called on the thread that made the engine call, never after it returns. */
+/* The callback of `scan`, provided by the host. It returns 0 to go on; any other value asks the engine to stop
+ * at once (no further call of the sink) and return SB_ERR_STOPPED. It is called on the thread that made the
+ * engine call, never after that call returns. */
 typedef int32_t (*sb_item_sink)(void *context, const sb_item *item);
-/* `item` is NULL for a key that is not in the store; `index` is the key's position in the request. */
-typedef int32_t (*sb_slot_sink)(void *context, size_t index, const sb_item *item);
-typedef int32_t (*sb_key_sink)(void *context, sb_bytes key);
 
 /* An open store: opaque, owned by the engine from `open` until `close`. */
 typedef struct sb_store sb_store;
@@ -129,7 +148,7 @@ typedef struct sb_store sb_store;
 typedef struct storebroker_engine storebroker_engine;
 
 struct storebroker_engine {
-    /* --- ABI 1.0 --- */
+    /* --- ABI 2.0 --- */
 
     /* The ABI the engine was built for (SB_ENGINE_ABI_MAJOR / _MINOR) and sizeof(storebroker_engine) as the
      * engine saw it. The host reads these three first and checks them before touching anything else. */
@@ -146,8 +165,16 @@ struct storebroker_engine {
 
     /* The option keys `open` and `drop` accept, as a NULL-terminated array of static strings. The host refuses
      * to start with an option the engine does not list. Every engine should accept "fail_after_steps" (for the
-     * conformance suite: `apply` fails with SB_ERR_INJECTED after that many steps, leaving nothing behind). */
+     * conformance suite: an apply whose steps number more than N fails with SB_ERR_INJECTED where step N+1
+     * (counted from 1 within that apply, reset for each apply) would run, leaving nothing behind; applies of N
+     * steps or fewer succeed; N = 0 fails every apply that has a step). */
     const char *const *option_keys;
+
+    /* Checks option values without touching any store or file (the host calls it at start-up for every engine
+     * given options, and stops with the message when it fails): SB_OK, or SB_ERR_INVALID naming the bad key
+     * and value. `open` and `drop` check them again. */
+    int32_t (*check_options)(const storebroker_engine *engine, const sb_option *options, size_t option_count,
+                             sb_error *error);
 
     /* Opens (creating if needed) the store `store_name` whose data lives in `directory`, a directory the host
      * created for this store alone. On success sets `*out_store` and `*out_sequence` (the sequence of the last
@@ -166,25 +193,19 @@ struct storebroker_engine {
                     const sb_option *options, size_t option_count, sb_error *error);
 
     /* Applies `steps` in order and records `sequence` as the store's sequence, all in one transaction: when it
-     * returns SB_OK all of it is durable (for a persistent engine), and when it fails none of it is visible,
-     * now or after a restart. `step_count` may be 0 (only the sequence is recorded). */
+     * returns SB_OK all of it is durable (see "Durability" above), and when it fails none of it is visible,
+     * now or after a restart. `step_count` may be 0 (only the sequence is recorded). After a failed apply the
+     * host keeps the store open and goes on: its next apply carries the same sequence the failed one did (the
+     * failed one never happened), and the host's memory is unchanged. */
     int32_t (*apply)(sb_store *store, const sb_step *steps, size_t step_count, uint64_t sequence, sb_error *error);
 
-    /* Calls `sink` once per key, in request order, with the item or NULL. */
-    int32_t (*get)(sb_store *store, const sb_bytes *keys, size_t key_count, sb_slot_sink sink, void *context,
-                   sb_error *error);
-
-    /* Calls `sink` once per item, in the store's order. */
+    /* Calls `sink` once per item, in the store's order. The host loads a store with one scan when it opens it
+     * and serves every read from memory afterwards. */
     int32_t (*scan)(sb_store *store, sb_item_sink sink, void *context, sb_error *error);
 
-    /* Sets `*out_count` to the number of items. */
+    /* Sets `*out_count` to the number of items, which the next `scan` must yield (the host sizes its memory
+     * from it before the scan). */
     int32_t (*count)(sb_store *store, uint64_t *out_count, sb_error *error);
-
-    /* Calls `sink` once per key, in the store's order. */
-    int32_t (*keys)(sb_store *store, sb_key_sink sink, void *context, sb_error *error);
-
-    /* Sets `*out_present` to 1 if `key` is in the store, else 0. */
-    int32_t (*contains)(sb_store *store, sb_bytes key, int32_t *out_present, sb_error *error);
 
     /* --- Members added by later minor versions go here, and only here. --- */
 };

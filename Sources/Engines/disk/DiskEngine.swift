@@ -38,14 +38,25 @@ final class DiskEngine: EngineDefinition {
     let capabilities = UInt64(SB_CAP_PERSISTENT | SB_CAP_ATOMIC)
     let optionKeys = ["checkpoint_every", FailureInjection.optionKey]
 
+    /// `checkpoint_every`, checked.
+    private func checkpointEvery(_ options: [String: String]) throws(EngineError) -> Int {
+        let text = options["checkpoint_every", default: "16"]
+        guard let every = Int(text), every > 0 else {
+            throw EngineError.invalid("checkpoint_every must be a positive whole number, got \(text.debugDescription)")
+        }
+        return every
+    }
+
+    func checkOptions(_ options: [String: String]) throws(EngineError) {
+        _ = try checkpointEvery(options)
+        _ = try FailureInjection(options: options)
+    }
+
     func open(directory: String, store: String, options: [String: String]) throws(EngineError)
         -> (store: any EngineStoreImplementation, sequence: UInt64)
     {
-        guard let every = Int(options["checkpoint_every", default: "16"]), every > 0 else {
-            throw EngineError.invalid("checkpoint_every must be a positive whole number")
-        }
         let store = try DiskStore(
-            directory: directory, checkpointEvery: every, failure: try FailureInjection(options: options))
+            directory: directory, checkpointEvery: try checkpointEvery(options), failure: try FailureInjection(options: options))
         return (store, store.sequence)
     }
 
@@ -370,6 +381,7 @@ final class DiskStore: EngineStoreImplementation {
         do throws(EngineError) {
             for (index, step) in steps.enumerated() {
                 try failure.check(stepIndex: index)
+                try step.checkKey()
                 switch Int(step.kind) {
                 case SB_STEP_PUT:
                     let key = step.key.bytes
@@ -424,17 +436,6 @@ final class DiskStore: EngineStoreImplementation {
         if journals.count >= checkpointEvery { try? checkpoint() }
     }
 
-    func get(_ keys: UnsafeBufferPointer<sb_bytes>, emit: (Int, UnsafePointer<sb_item>?) -> Bool) throws(EngineError) {
-        for (index, key) in keys.enumerated() {
-            let bytes = key.bytes
-            guard let slot = table.value(for: bytes) else {
-                guard emit(index, nil) else { throw EngineError.stopped }
-                continue
-            }
-            guard try emitItem(slot, key: bytes, { emit(index, $0) }) else { throw EngineError.stopped }
-        }
-    }
-
     func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) {
         try table.visit { (key, slot) throws(EngineError) in try emitItem(slot, key: key, emit) }
     }
@@ -450,10 +451,6 @@ final class DiskStore: EngineStoreImplementation {
     }
 
     func count() throws(EngineError) -> UInt64 { UInt64(table.count) }
-
-    func keys(emit: (sb_bytes) -> Bool) throws(EngineError) { try table.emitKeys(emit) }
-
-    func contains(_ key: sb_bytes) throws(EngineError) -> Bool { table.contains(key.bytes) }
 
     func close() {
         // A failed checkpoint loses nothing: the journals stay and are replayed on the next open.

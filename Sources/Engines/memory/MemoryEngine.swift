@@ -20,6 +20,10 @@ final class MemoryEngine: EngineDefinition {
     let capabilities = UInt64(SB_CAP_ATOMIC | SB_CAP_NONBLOCKING)
     let optionKeys = [FailureInjection.optionKey]
 
+    func checkOptions(_ options: [String: String]) throws(EngineError) {
+        _ = try FailureInjection(options: options)
+    }
+
     func open(directory: String, store: String, options: [String: String]) throws(EngineError)
         -> (store: any EngineStoreImplementation, sequence: UInt64)
     {
@@ -99,6 +103,7 @@ final class MemoryStore: EngineStoreImplementation {
         do throws(EngineError) {
             for (index, step) in steps.enumerated() {
                 try failure.check(stepIndex: index)
+                try step.checkKey()
                 switch Int(step.kind) {
                 case SB_STEP_PUT:
                     table.put(
@@ -119,19 +124,6 @@ final class MemoryStore: EngineStoreImplementation {
         self.sequence = sequence
     }
 
-    func get(_ keys: UnsafeBufferPointer<sb_bytes>, emit: (Int, UnsafePointer<sb_item>?) -> Bool) throws(EngineError) {
-        for (index, key) in keys.enumerated() {
-            let bytes = key.raw
-            let keepGoing =
-                if let (entry, stamps) = table.entry(hash: Entry.hash(bytes), matching: { $0.hasKey(bytes) }) {
-                    entry.withItem(stamps) { emit(index, $0) }
-                } else {
-                    emit(index, nil)
-                }
-            guard keepGoing else { throw EngineError.stopped }
-        }
-    }
-
     func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) {
         var stopped = false
         table.forEach { entry, stamps in
@@ -142,20 +134,6 @@ final class MemoryStore: EngineStoreImplementation {
     }
 
     func count() throws(EngineError) -> UInt64 { UInt64(table.count) }
-
-    func keys(emit: (sb_bytes) -> Bool) throws(EngineError) {
-        var stopped = false
-        table.forEach { entry, stamps in
-            stopped = !entry.withItem(stamps) { emit($0.pointee.key) }
-            return !stopped
-        }
-        if stopped { throw EngineError.stopped }
-    }
-
-    func contains(_ key: sb_bytes) throws(EngineError) -> Bool {
-        let bytes = key.raw
-        return table.entry(hash: Entry.hash(bytes), matching: { $0.hasKey(bytes) }) != nil
-    }
 
     func close() {}
 }

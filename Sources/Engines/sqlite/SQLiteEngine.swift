@@ -24,28 +24,47 @@ final class SQLiteEngine: EngineDefinition {
 
     static let fileName = "store.sqlite3"
 
+    /// The options, checked: what `checkOptions` validates and `open` uses.
+    struct Settings {
+        var synchronous = "NORMAL"
+        var busyTimeout: Int32 = 5000
+        /// A quota: the database may grow to this many pages (SQLite's own limit is used, which cannot go below
+        /// the pages the file already has); past it a write fails with SB_ERR_FULL and changes nothing.
+        var maxPageCount: Int?
+        var failure: FailureInjection
+
+        init(_ options: [String: String]) throws(EngineError) {
+            synchronous = options["synchronous", default: "NORMAL"].uppercased()
+            guard ["OFF", "NORMAL", "FULL", "EXTRA"].contains(synchronous) else {
+                throw EngineError.invalid("synchronous must be OFF, NORMAL, FULL or EXTRA, got \(synchronous.debugDescription)")
+            }
+            if let text = options["busy_timeout_ms"] {
+                guard let value = Int32(text), value >= 0 else {
+                    throw EngineError.invalid("busy_timeout_ms must be a whole number of milliseconds, got \(text.debugDescription)")
+                }
+                busyTimeout = value
+            }
+            if let text = options["max_page_count"] {
+                guard let value = Int(text), value >= 1 else {
+                    throw EngineError.invalid("max_page_count must be a whole number of pages, at least 1, got \(text.debugDescription)")
+                }
+                maxPageCount = value
+            }
+            failure = try FailureInjection(options: options)
+        }
+    }
+
+    func checkOptions(_ options: [String: String]) throws(EngineError) {
+        _ = try Settings(options)
+    }
+
     func open(directory: String, store: String, options: [String: String]) throws(EngineError)
         -> (store: any EngineStoreImplementation, sequence: UInt64)
     {
-        let synchronous = options["synchronous", default: "NORMAL"].uppercased()
-        guard ["OFF", "NORMAL", "FULL", "EXTRA"].contains(synchronous) else {
-            throw EngineError.invalid("synchronous must be OFF, NORMAL, FULL or EXTRA, got \(synchronous.debugDescription)")
-        }
-        guard let busyTimeout = Int32(options["busy_timeout_ms", default: "5000"]), busyTimeout >= 0 else {
-            throw EngineError.invalid("busy_timeout_ms must be a whole number of milliseconds")
-        }
-        // A quota: the database may grow to this many pages (SQLite's own limit is used, which cannot go below
-        // the pages the file already has); past it a write fails with SB_ERR_FULL and changes nothing.
-        var maxPageCount: Int?
-        if let text = options["max_page_count"] {
-            guard let value = Int(text), value >= 1 else {
-                throw EngineError.invalid("max_page_count must be a whole number of pages, at least 1, got \(text.debugDescription)")
-            }
-            maxPageCount = value
-        }
+        let settings = try Settings(options)
         let store = try SQLiteStore(
-            path: directory + "/" + Self.fileName, synchronous: synchronous, busyTimeout: busyTimeout,
-            maxPageCount: maxPageCount, failure: try FailureInjection(options: options))
+            path: directory + "/" + Self.fileName, synchronous: settings.synchronous, busyTimeout: settings.busyTimeout,
+            maxPageCount: settings.maxPageCount, failure: settings.failure)
         return (store, try store.readSequence())
     }
 
@@ -119,7 +138,7 @@ final class Statement {
 final class SQLiteStore: EngineStoreImplementation {
     private let db: OpaquePointer
     private let failure: FailureInjection
-    private let put, remove, removeAll, setSequence, getOne, scanAll, countAll, keysAll, containsOne: Statement
+    private let put, remove, removeAll, setSequence, scanAll, countAll: Statement
     private let begin, commit, rollback: Statement
     private let checkpoints: Checkpointer.Target
 
@@ -164,11 +183,8 @@ final class SQLiteStore: EngineStoreImplementation {
             remove = try Statement(db, "DELETE FROM items WHERE key = ?1")
             removeAll = try Statement(db, "DELETE FROM items")
             setSequence = try Statement(db, "UPDATE meta SET value = ?1 WHERE name = 'sequence'")
-            getOne = try Statement(db, "SELECT payload, created_at, updated_at FROM items WHERE key = ?1")
             scanAll = try Statement(db, "SELECT key, payload, created_at, updated_at FROM items ORDER BY position")
             countAll = try Statement(db, "SELECT count(*) FROM items")
-            keysAll = try Statement(db, "SELECT key FROM items ORDER BY position")
-            containsOne = try Statement(db, "SELECT 1 FROM items WHERE key = ?1")
             begin = try Statement(db, "BEGIN IMMEDIATE")
             commit = try Statement(db, "COMMIT")
             rollback = try Statement(db, "ROLLBACK")
@@ -190,6 +206,7 @@ final class SQLiteStore: EngineStoreImplementation {
         do throws(EngineError) {
             for (index, step) in steps.enumerated() {
                 try failure.check(stepIndex: index)
+                try step.checkKey()
                 switch Int(step.kind) {
                 case SB_STEP_PUT:
                     try put.use { (s) throws(EngineError) in
@@ -225,18 +242,6 @@ final class SQLiteStore: EngineStoreImplementation {
         }
     }
 
-    func get(_ keys: UnsafeBufferPointer<sb_bytes>, emit: (Int, UnsafePointer<sb_item>?) -> Bool) throws(EngineError) {
-        for (index, key) in keys.enumerated() {
-            let keepGoing = try getOne.use { (s) throws(EngineError) in
-                s.bind(1, key)
-                guard try s.step() else { return emit(index, nil) }
-                var item = sb_item(key: key, payload: s.blob(0), created_at: s.uint64(1), updated_at: s.uint64(2))
-                return emit(index, &item)
-            }
-            guard keepGoing else { throw EngineError.stopped }
-        }
-    }
-
     func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) {
         try scanAll.use { (s) throws(EngineError) in
             while try s.step() {
@@ -248,21 +253,6 @@ final class SQLiteStore: EngineStoreImplementation {
 
     func count() throws(EngineError) -> UInt64 {
         try countAll.use { (s) throws(EngineError) in try s.step() ? s.uint64(0) : 0 }
-    }
-
-    func keys(emit: (sb_bytes) -> Bool) throws(EngineError) {
-        try keysAll.use { (s) throws(EngineError) in
-            while try s.step() {
-                guard emit(s.blob(0)) else { throw EngineError.stopped }
-            }
-        }
-    }
-
-    func contains(_ key: sb_bytes) throws(EngineError) -> Bool {
-        try containsOne.use { (s) throws(EngineError) in
-            s.bind(1, key)
-            return try s.step()
-        }
     }
 
     func close() {
