@@ -229,7 +229,8 @@ let package = Package(
         .testTarget(
             name: "EngineTests",
             dependencies: [
-                "BrokerCore", "EngineLoader", "Wire", "TestSupport", .product(name: "NIOCore", package: "swift-nio"),
+                "BrokerCore", "EngineLoader", "EngineConformance", "Wire", "TestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),
     ],

@@ -139,15 +139,16 @@ struct Context: Sendable {
 }
 
 /// Records as the suite writes and expects them.
-func record(_ key: String, _ payload: String, created: UInt64 = 1, updated: UInt64 = 1) -> EngineRecord {
+public func record(_ key: String, _ payload: String, created: UInt64 = 1, updated: UInt64 = 1) -> EngineRecord {
     EngineRecord(key: Array(key.utf8), payload: ByteBuffer(string: payload), createdAt: created, updatedAt: updated)
 }
 
-func record(bytes key: [UInt8], payload: [UInt8], created: UInt64 = 1, updated: UInt64 = 1) -> EngineRecord {
+public func record(bytes key: [UInt8], payload: [UInt8], created: UInt64 = 1, updated: UInt64 = 1) -> EngineRecord {
     EngineRecord(key: key, payload: ByteBuffer(bytes: payload), createdAt: created, updatedAt: updated)
 }
 
-func keys(_ records: [EngineRecord]) -> [String] {
+/// The keys of records, as text.
+public func keys(_ records: [EngineRecord]) -> [String] {
     records.map { String(decoding: $0.key, as: UTF8.self) }
 }
 

@@ -32,24 +32,22 @@ let brokenEngineSource = #"""
     #ifndef ENGINE_NAME
     #define ENGINE_NAME "broken"
     #endif
+    static int32_t chk(const storebroker_engine *e, const sb_option *p, size_t n, sb_error *error) { return 0; }
     static int32_t o(const storebroker_engine *e, const char *d, const char *s, const sb_option *p, size_t n,
                      sb_store **out, uint64_t *seq, sb_error *error) { error->code = SB_ERR_UNSUPPORTED; return 5; }
     static void c(sb_store *s) {}
     static int32_t dr(const storebroker_engine *e, const char *d, const char *s, const sb_option *p, size_t n,
                       sb_error *error) { return 5; }
     static int32_t ap(sb_store *s, const sb_step *st, size_t n, uint64_t q, sb_error *e) { return 5; }
-    static int32_t g(sb_store *s, const sb_bytes *k, size_t n, sb_slot_sink f, void *x, sb_error *e) { return 5; }
     static int32_t sc(sb_store *s, sb_item_sink f, void *x, sb_error *e) { return 5; }
     static int32_t co(sb_store *s, uint64_t *n, sb_error *e) { return 5; }
-    static int32_t ke(sb_store *s, sb_key_sink f, void *x, sb_error *e) { return 5; }
-    static int32_t ct(sb_store *s, sb_bytes k, int32_t *p, sb_error *e) { return 5; }
     static const char *const keys[] = {NULL};
     static const storebroker_engine table = {
-        ABI_MAJOR, 3, STRUCT_SIZE, ENGINE_NAME, "0.0.1", 0, keys,
+        ABI_MAJOR, 3, STRUCT_SIZE, ENGINE_NAME, "0.0.1", 0, keys, chk,
     #ifdef NULL_MEMBER
-        o, c, dr, 0, g, sc, co, ke, ct,
+        o, c, dr, 0, sc, co,
     #else
-        o, c, dr, ap, g, sc, co, ke, ct,
+        o, c, dr, ap, sc, co,
     #endif
     };
     #ifdef CONSTRUCTOR_MARKER
@@ -108,10 +106,18 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
     }
 
     @Test func aWrongABIMajorIsRefusedBeforeAnythingIsCalled() async throws {
-        let error = try await brokenLoadError("future", ["ABI_MAJOR=2"])
+        let error = try await brokenLoadError("future", ["ABI_MAJOR=3"])
         #expect(error.reason == .abiMismatch)
-        #expect(error.message.contains("built for engine ABI 2.3"))
-        #expect(error.message.contains("this host speaks 1.1"))
+        #expect(error.message.contains("built for engine ABI 3.3"))
+        #expect(error.message.contains("this host speaks 2.0"))
+    }
+
+    /// An engine built for ABI 1 is told what 2.0 changed.
+    @Test func anABI1EngineIsToldWhatChanged() async throws {
+        let error = try await brokenLoadError("old", ["ABI_MAJOR=1"])
+        #expect(error.reason == .abiMismatch)
+        #expect(error.message.contains("built for engine ABI 1.3"))
+        #expect(error.message.contains("cut get, keys and contains and added check_options"))
     }
 
     @Test func aTableShorterThanABI1IsRefused() async throws {
@@ -194,7 +200,7 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
 
     @Test func listingShowsEveryFileWithItsVersionOrWhyItCannotLoad() async throws {
         try await withTemporaryDirectory { directory in
-            _ = try buildBrokenEngine("future", in: directory, defines: ["ABI_MAJOR=2", "ENGINE_NAME=\"future\""])
+            _ = try buildBrokenEngine("future", in: directory, defines: ["ABI_MAJOR=3", "ENGINE_NAME=\"future\""])
             try "junk".write(toFile: directory + "/libstorebroker-engine-junk.so", atomically: true, encoding: .utf8)
             try "ignored".write(toFile: directory + "/README", atomically: true, encoding: .utf8)
             // The directory first, then the build directory: a file there named like ours shadows nothing, and one
@@ -209,14 +215,14 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
             let listing = loader.list()
             let byPath = Dictionary(uniqueKeysWithValues: listing.map { ($0.path, $0.info) })
             #expect(byPath[directory + "/libstorebroker-engine-future.so"]?.status == .refused)
-            #expect(byPath[directory + "/libstorebroker-engine-future.so"]?.detail.contains("ABI 2.3") == true)
+            #expect(byPath[directory + "/libstorebroker-engine-future.so"]?.detail.contains("ABI 3.3") == true)
             #expect(byPath[directory + "/libstorebroker-engine-junk.so"]?.status == .refused)
             #expect(byPath[directory + "/libstorebroker-engine-junk.so"]?.detail.contains("not a shared object") == true)
             #expect(byPath[copy]?.status == .found)
             #expect(byPath[buildDirectory + "/libstorebroker-engine-memory.so"]?.status == .refused)
             #expect(byPath[buildDirectory + "/libstorebroker-engine-memory.so"]?.detail.contains("shadowed by") == true)
             #expect(byPath[buildDirectory + "/libstorebroker-engine-sqlite.so"]?.status == .loaded)
-            #expect(byPath[buildDirectory + "/libstorebroker-engine-sqlite.so"]?.abiMajor == 1)
+            #expect(byPath[buildDirectory + "/libstorebroker-engine-sqlite.so"]?.abiMajor == 2)
             #expect(byPath[buildDirectory + "/libstorebroker-engine-disk.so"]?.status == .found)
             #expect(!loader.isLoaded(path: buildDirectory + "/libstorebroker-engine-disk.so"))
             #expect(!listing.contains { $0.path.hasSuffix("README") })
@@ -329,6 +335,19 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
         #expect(error.reason == .unknownOption)
         #expect(error.message.contains("synchronus"))
         #expect(error.message.contains("synchronous"))
+    }
+
+    /// Values too: check_options refuses them at start-up, before any store is opened.
+    @Test func badOptionValuesAreRefusedAtStartUp() throws {
+        for (engine, key, value) in [
+            ("sqlite", "synchronous", "SOMETIMES"), ("sqlite", "busy_timeout_ms", "soon"), ("disk", "checkpoint_every", "0"),
+            ("c-example", "fail_after_steps", "abc"), ("memory", "fail_after_steps", "-1"),
+        ] {
+            let loaded = try sharedLoader.load(engine)
+            let error = try #require(throws: EngineLoadError.self) { try loaded.validate(options: [key: value]) }
+            #expect(error.reason == .invalidOption, "\(engine)")
+            #expect(error.message.contains(key) && error.message.contains(value), "\(engine): \(error.message)")
+        }
     }
 
     @Test func aBadOptionValueFailsOpenWithTheEnginesMessage() async throws {

@@ -2,6 +2,7 @@ import BrokerCore
 import EngineLoader
 import Foundation
 import NIOCore
+@_exported import EngineConformance
 import TestSupport
 
 /// A directory under /tmp, removed when `body` returns.
@@ -11,18 +12,6 @@ func withTemporaryDirectory<T>(_ body: (String) async throws -> T) async throws 
 
 /// The engines built beside the test bundle, found the way the daemon finds them.
 let sharedLoader = EngineLoader(searchPath: .standard())
-
-func record(_ key: String, _ payload: String, created: UInt64 = 1, updated: UInt64 = 1) -> EngineRecord {
-    EngineRecord(key: Array(key.utf8), payload: ByteBuffer(string: payload), createdAt: created, updatedAt: updated)
-}
-
-func record(bytes key: [UInt8], payload: [UInt8], created: UInt64 = 1, updated: UInt64 = 1) -> EngineRecord {
-    EngineRecord(key: key, payload: ByteBuffer(bytes: payload), createdAt: created, updatedAt: updated)
-}
-
-func keys(_ records: [EngineRecord]) -> [String] {
-    records.map { String(decoding: $0.key, as: UTF8.self) }
-}
 
 /// The directory the repository's root is in (for the C header).
 let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()

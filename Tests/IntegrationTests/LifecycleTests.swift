@@ -152,6 +152,9 @@ extension Integration {
             try await withTemporaryDirectory { directory in
                 let cases: [([String], String)] = [
                     (["--engine-option", "sqlite.no_such_key=1"], "no option \"no_such_key\""),
+                    // Values are checked at start-up too (check_options), for every engine given options.
+                    (["--engine-option", "c-example.fail_after_steps=abc"], "fail_after_steps must be a whole number, got \"abc\""),
+                    (["--engine-option", "sqlite.synchronous=SOMETIMES"], "SOMETIMES"),
                     (["--engine-option", "nonsense"], "NAME.KEY=VALUE"),
                     (["--engine", "nonexistent"], "nonexistent"),
                     (["--log-level", "loud"], "--log-level"),

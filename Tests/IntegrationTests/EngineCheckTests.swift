@@ -1,0 +1,62 @@
+import Foundation
+import TestSupport
+import Testing
+
+extension Integration {
+    /// `storebroker-engine-check`, the real binary: every shipped engine passes; each deliberately broken engine
+    /// (Tests/engines/broken-engine.c) fails, and the checker names the property it breaks.
+    @Suite struct EngineCheck {
+        static let checker = binDirectory + "/storebroker-engine-check"
+
+        @Test(arguments: ["memory", "sqlite", "disk", "c-example"])
+        func everyShippedEnginePasses(engine: String) async throws {
+            try await withTemporaryDirectory { directory in
+                let result = try await runProgram(
+                    [Self.checker, binDirectory + "/libstorebroker-engine-\(engine).so", "--rounds", "3", "--big-apply", "20000"],
+                    in: directory)
+                #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
+                #expect(result.stdout.contains("every property holds"))
+                #expect(!result.stdout.contains("FAIL"))
+            }
+        }
+
+        @Test(arguments: [
+            ("OPENS_EMPTY", "damaged-store-fails"), ("LOSES_LAST_APPLY", "durability"), ("IGNORES_STOPPED", "stop-on-request"),
+            ("ACCEPTS_BAD_OPTIONS", "bad-option-values"), ("CUTS_KEYS", "key-lengths"),
+        ])
+        func aBrokenEngineFailsAndTheCheckerNamesWhy(defect: String, property: String) async throws {
+            try await withTemporaryDirectory { directory in
+                let engine = directory + "/libstorebroker-engine-broken.so"
+                let built = try await runCommand(
+                    ["/usr/bin/cc", "-std=c11", "-O2", "-shared", "-fPIC", "-DBREAK_\(defect)",
+                     "-I", repositoryRoot + "/Sources/CStorageEngine/include", "-o", engine,
+                     repositoryRoot + "/Tests/engines/broken-engine.c"],
+                    in: directory)
+                try #require(built == 0)
+                let result = try await runProgram([Self.checker, engine, "--rounds", "3", "--big-apply", "1000"], in: directory)
+                #expect(result.status == 1, "\(result.stdout)\(result.stderr)")
+                let failed = result.stdout.split(separator: "\n").filter { $0.hasPrefix("FAIL") }
+                #expect(failed.count == 1 && failed.first?.hasPrefix("FAIL  \(property): ") == true, "\(result.stdout)")
+                #expect(result.stdout.contains("1 property failed"))
+            }
+        }
+
+        @Test func usageAndLoadErrorsHaveTheirOwnStatus() async throws {
+            try await withTemporaryDirectory { directory in
+                let none = try await runProgram([Self.checker], in: directory)
+                #expect(none.status == 64 && none.stdout.contains("usage"))
+                let missing = try await runProgram([Self.checker, directory + "/libstorebroker-engine-nothing.so"], in: directory)
+                #expect(missing.status == 2 && missing.stderr.contains("cannot load"), "\(missing.stderr)")
+                let unknown = try await runProgram([Self.checker, "x.so", "--only", "no-such-property"], in: directory)
+                #expect(unknown.status == 64 && unknown.stderr.contains("--list"))
+                let list = try await runProgram([Self.checker, "--list"], in: directory)
+                #expect(list.status == 0 && list.stdout.contains("durability: ") && list.stdout.contains("kill-recovery: "))
+                // Options reach every open: a bad one is the engine's to refuse, and the run says so.
+                let bad = try await runProgram(
+                    [Self.checker, binDirectory + "/libstorebroker-engine-sqlite.so", "--option", "synchronous=SOMETIMES",
+                     "--only", "describes-itself"], in: directory)
+                #expect(bad.status == 1 && bad.stdout.contains("SOMETIMES"), "\(bad.stdout)")
+            }
+        }
+    }
+}
