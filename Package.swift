@@ -77,7 +77,9 @@ let package = Package(
         // The engine conformance suite, shared by the checker and the tests (no copy).
         .target(
             name: "EngineConformance",
-            dependencies: ["BrokerCore", "EngineLoader", "TestSupport", .product(name: "NIOCore", package: "swift-nio")]
+            dependencies: [
+                "BrokerCore", "EngineLoader", "StoreModel", "TestSupport", .product(name: "NIOCore", package: "swift-nio"),
+            ]
         ),
         .executableTarget(name: "storebroker-engine-check", dependencies: ["EngineConformance", "EngineLoader", "TestSupport"]),
         // Helpers for engines written in Swift; linked into each engine library, never into the host.

@@ -2,6 +2,7 @@ import BrokerCore
 import EngineLoader
 import Foundation
 import NIOCore
+import StoreModel
 
 /// The properties, each named as `storebroker-engine-check` reports it.
 enum Properties {
@@ -21,10 +22,7 @@ enum Properties {
     ) { context in
         let engine = context.engine
         try require(!engine.name.isEmpty && !engine.version.isEmpty, "an empty name or version")
-        try require(
-            engine.name.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }
-                && engine.name.first?.isLetter == true,
-            "the name \(engine.name.debugDescription) is not letters, digits, - and _ starting with a letter")
+        if let problem = Naming.problem(withEngineName: engine.name) { throw Violation(message: problem) }
         try require(engine.optionKeys.contains("fail_after_steps"), "option_keys does not list fail_after_steps")
         do throws(EngineLoadError) {
             try engine.validate(options: context.setup.options)

@@ -34,7 +34,7 @@ public final class EngineLoader: Sendable {
 
     /// The path of engine `name`: the first match on the search path.
     public func locate(_ name: String) throws(EngineLoadError) -> String {
-        if let problem = Naming.problem(withName: name) {
+        if let problem = Naming.problem(withEngineName: name) {
             throw EngineLoadError(.invalidName, path: nil, "engine name \(name.debugDescription): \(problem)")
         }
         let candidates = searchPath.directories.map { $0 + "/" + EngineSearchPath.fileName(for: name) }

@@ -186,6 +186,29 @@ public enum Naming {
         return nil
     }
 
+    /// The longest engine name, in bytes.
+    public static let maxEngineNameLength = 64
+
+    /// `nil` if `name` is a valid engine name (the NAME of libstorebroker-engine-NAME.so), else why not: 1 to 64
+    /// of A-Z a-z 0-9 _ -, starting with a letter or digit. No `.`, which separates the engine from the key in
+    /// `--engine-option NAME.KEY=VALUE`.
+    public static func problem(withEngineName name: String) -> String? {
+        let utf8 = name.utf8
+        if utf8.isEmpty { return "an engine name cannot be empty" }
+        if utf8.count > maxEngineNameLength { return "an engine name is at most \(maxEngineNameLength) characters, got \(utf8.count)" }
+        for (index, byte) in utf8.enumerated() {
+            switch byte {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+                continue
+            case UInt8(ascii: "_"), UInt8(ascii: "-") where index > 0:
+                continue
+            default:
+                return "an engine name holds only A-Z a-z 0-9 _ - and starts with a letter or digit (found \(name.debugDescription))"
+            }
+        }
+        return nil
+    }
+
     /// `nil` if `id` is a valid item id, else why not.
     public static func problem(withID id: ItemID) -> String? {
         let count = id.string.utf8.count

@@ -184,6 +184,13 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
         #expect(error.message.contains("/nonexistent/a/libstorebroker-engine-nothing.so"))
         #expect(error.message.contains("/nonexistent/b/libstorebroker-engine-nothing.so"))
         #expect(loadError(loader, "../etc/x")?.reason == .invalidName)
+        // Engine names: A-Z a-z 0-9 _ -, from a letter or digit; no "." (it ends NAME in --engine-option NAME.KEY=VALUE).
+        for bad in ["my.engine", "-x", "_x", "", String(repeating: "e", count: 65), "é"] {
+            #expect(loadError(loader, bad)?.reason == .invalidName, "\(bad.debugDescription)")
+        }
+        for good in ["c-example", "x_2", "9lives", String(repeating: "e", count: 64)] {
+            #expect(loadError(loader, good)?.reason == .notFound, "\(good)")
+        }
     }
 
     @Test func theSearchPathFollowsTheDocumentedOrder() {
