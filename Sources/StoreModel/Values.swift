@@ -200,7 +200,7 @@ public enum Naming {
             switch byte {
             case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
                 continue
-            case UInt8(ascii: "_"), UInt8(ascii: "-") where index > 0:
+            case UInt8(ascii: "_") where index > 0, UInt8(ascii: "-") where index > 0:
                 continue
             default:
                 return "an engine name holds only A-Z a-z 0-9 _ - and starts with a letter or digit (found \(name.debugDescription))"
