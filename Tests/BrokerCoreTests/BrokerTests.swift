@@ -157,6 +157,21 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
         }
     }
 
+    /// Without SB_CAP_ATOMIC a chain of several operations is refused (it could not be made atomic), but a
+    /// one-operation chain is just that operation and commits (before: refused too).
+    @Test func aNonAtomicEngineRefusesOnlyChainsOfSeveralOperations() async throws {
+        try await withBroker(engine: TestEngine(capabilities: [.persistent])) { broker, engine in
+            #expect(sequence(of: await ask(broker, .write(store: "s", .chain([.insert(items: [item("a"), item("b")])])))) == 1)
+            guard case .failure(let error) = await ask(broker, .write(store: "s", .chain([.removeAll, .insert(items: [item("c")])]))) else {
+                Issue.record("a two-operation chain committed on a non-atomic engine")
+                return
+            }
+            #expect(error.code == .notSupported && error.message.contains("cannot apply a chain atomically"))
+            let ids = try await records(broker, "s").map(\.id)
+            #expect(ids == ["a", "b"])
+        }
+    }
+
     @Test func conditionsCompareWithTheSequenceAtTheirTurn() async throws {
         try await withBroker { broker, _ in
             #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a")]), condition: .absent))) == 1)
