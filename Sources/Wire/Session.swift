@@ -84,12 +84,12 @@ public struct ServerSession: Sendable {
             return close(error)
         }
         guard case .established = state else { return handshake(frame) }
+        // A second hello is unexpected whatever it holds (its bytes are not even decoded).
+        if frame.header.type == MessageType.hello.rawValue {
+            return .refuse(Self.errorFrame(WireError(.unexpectedMessage, "hello was already received"), id: frame.header.id))
+        }
         do {
-            let message = try ClientMessage(frame: frame)
-            if case .hello = message {
-                return .refuse(Self.errorFrame(WireError(.unexpectedMessage, "hello was already received"), id: frame.header.id))
-            }
-            return .request(id: frame.header.id, message)
+            return .request(id: frame.header.id, try ClientMessage(frame: frame))
         } catch {
             return .refuse(Self.errorFrame(error, id: frame.header.id))
         }
@@ -100,8 +100,15 @@ public struct ServerSession: Sendable {
             return close(
                 WireError(.badHandshake, "the first frame must be a hello (0x01), got type 0x\(String(frame.header.type, radix: 16))"))
         }
+        let hello: ClientMessage.Hello
         do {
-            guard case .hello(let hello) = try ClientMessage(frame: frame) else { preconditionFailure("type checked") }
+            guard case .hello(let decoded) = try ClientMessage(frame: frame) else { preconditionFailure("type checked") }
+            hello = decoded
+        } catch {
+            // Whatever is wrong with it (truncated, trailing bytes, a wrong magic), it is not a valid hello.
+            return close(error.code == .badHandshake ? error : WireError(.badHandshake, "not a valid hello: \(error.message)"))
+        }
+        do {
             let version = try Handshake.chooseVersion(offered: hello.versions, supported: supportedVersions)
             let welcome = ServerMessage.Welcome(
                 version: version, serverVersion: limits.serverVersion, maxFrameLength: UInt32(limits.maxFrameLength),

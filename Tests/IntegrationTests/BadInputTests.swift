@@ -107,6 +107,34 @@ extension Integration {
             }
         }
 
+        /// PROTOCOL.md §6 and §11 as the daemon does them: a first hello that does not decode is badHandshake with
+        /// id 0 and a close (before: malformed); a second hello, even with a bad magic, is unexpectedMessage with
+        /// its id and the connection goes on (before: badHandshake).
+        @Test func helloRulesMatchTheSpecification() async throws {
+            try await Daemon.with { daemon in
+                try await survives(daemon) {
+                    let truncated = try RawClient(socketPath: daemon.socketPath)
+                    truncated.send(rawFrame(type: 0x01, id: 4, payload: [0x53, 0x42]))
+                    let refusal = try truncated.nextFrame()
+                    #expect(errorCode(of: refusal) == .badHandshake && refusal?.header.id == 0)
+                    #expect(truncated.readsToEnd())
+
+                    let client = try RawClient(socketPath: daemon.socketPath)
+                    try client.handshake()
+                    client.send(rawFrame(type: 0x01, id: 5, payload: Array("HTTP".utf8) + [1, 0, 1, 0, 0]))
+                    try client.request(.ping(.init()), id: 6)
+                    let second = try client.nextMessage()
+                    guard case .error(let error)? = second?.message else {
+                        Issue.record("expected an error, got \(String(describing: second))")
+                        return
+                    }
+                    #expect(second?.id == 5 && error.code == .unexpectedMessage)
+                    let pong = try client.nextMessage()
+                    #expect(pong?.id == 6)
+                }
+            }
+        }
+
         @Test func unknownTypeAndMalformedRequestsAreRefusedAloneAndTheConnectionGoesOn() async throws {
             try await Daemon.with { daemon in
                 try await survives(daemon) {

@@ -127,6 +127,38 @@ import Wire
         #expect(actions.last == .request(id: 14, .ping(.init())))
     }
 
+    /// One rule for a second hello, whatever it holds (before: a bad magic got badHandshake): unexpectedMessage
+    /// with the frame's id, and the connection goes on.
+    @Test func aSecondHelloIsUnexpectedWhateverItHolds() throws {
+        var server = ServerSession()
+        let client = ClientSession(clientName: "test")
+        _ = serverActions(&server, try client.hello())
+        var stream = ByteBuffer()
+        stream.writeImmutableBuffer(rawFrame(type: 0x01, id: 7, payload: "48545450 0001 0001 0000"))  // magic "HTTP"
+        stream.writeImmutableBuffer(rawFrame(type: 0x01, id: 8, payload: "53"))  // truncated
+        stream.writeImmutableBuffer(rawFrame(type: 0x10, id: 9))
+        let actions = serverActions(&server, stream)
+        #expect(actions.count == 3)
+        var refused: [(UInt32, ErrorCode)] = []
+        for case .refuse(let bytes) in actions { refused.append(try errorCode(bytes)) }
+        #expect(refused.map(\.0) == [7, 8] && refused.map(\.1) == [.unexpectedMessage, .unexpectedMessage])
+        #expect(actions.last == .request(id: 9, .ping(.init())))
+    }
+
+    /// A first hello that does not decode is not a valid hello: badHandshake, id 0, and a close (before:
+    /// malformed).
+    @Test func aMalformedFirstHelloIsABadHandshake() throws {
+        for payload in ["53", "5342524b 0001", "5342524b 0001 0001 0000 ff"] {
+            var server = ServerSession()
+            guard case .close(let bytes) = try #require(serverActions(&server, rawFrame(type: 0x01, id: 3, payload: payload)).first)
+            else {
+                Issue.record("expected close for \(payload)")
+                continue
+            }
+            #expect(try errorCode(bytes) == (0, .badHandshake), "\(payload)")
+        }
+    }
+
     @Test func anOversizedFrameAfterTheHandshakeCloses() throws {
         var server = ServerSession(limits: .init(maxFrameLength: 4096))
         let client = ClientSession(clientName: "test")

@@ -184,6 +184,16 @@ let samples: [Sample] = [
     Sample(
         name: "error-conflict", id: 6,
         message: .server(.error(.init(code: .conflict, message: "expected sequence 7, store is at 8")))),
+    // Connection errors (id 0, then a close) and the per-request forms of §11.
+    Sample(
+        name: "error-badHandshake", id: 0,
+        message: .server(.error(.init(code: .badHandshake, message: "not a valid hello: truncated")))),
+    Sample(
+        name: "error-frameTooLarge", id: 0,
+        message: .server(.error(.init(code: .frameTooLarge, message: "frame of 65548 bytes is over the maximum of 65536")))),
+    Sample(
+        name: "error-unexpectedMessage", id: 5,
+        message: .server(.error(.init(code: .unexpectedMessage, message: "hello was already received")))),
     Sample(
         name: "error-timedOut", id: 0,
         message: .server(.error(.init(code: .timedOut, message: "no hello within 10 s")))),
