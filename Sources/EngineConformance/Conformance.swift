@@ -98,14 +98,10 @@ func requireFailure(
     } catch let failure as EngineFailure {
         try require(
             codes.contains(failure.code),
-            "\(what) failed with \(failure.codeName), expected \(codes.map { EngineFailure(code: $0).codeName }.sorted().joined(separator: " or ")): \(failure.message)")
+            "\(what) failed with \(failure.code), expected \(codes.map(\.description).sorted().joined(separator: " or ")): \(failure.message)")
         return failure
     }
     throw Violation(message: "\(what) succeeded; it must fail")
-}
-
-extension EngineFailure {
-    init(code: Code) { self.init(code, "") }
 }
 
 /// A property's surroundings: the engine, the options, and a directory of its own.
@@ -128,6 +124,11 @@ struct Context: Sendable {
             directory: directory, store: "conformance", options: setup.options.merging(extra) { $1 })
         guard let loaded = store as? LoadedStore else { throw Violation(message: "the loader returned another kind of store") }
         return loaded
+    }
+
+    /// Opens a new store in a directory of its own, hands it to `body`, closes.
+    func withNewStore<T>(_ body: (LoadedStore) throws -> T) throws -> T {
+        try withStore(try storeDirectory(), body)
     }
 
     /// Opens, hands the store to `body`, closes.
@@ -169,5 +170,11 @@ extension LoadedStore {
         let all = try scanAll()
         try require(counted == UInt64(all.count), "count says \(counted) but scan yields \(all.count) items")
         return all
+    }
+
+    /// Fails unless the store holds exactly `expected` (count and scan), naming `what` was checked.
+    func requireContents(_ expected: [EngineRecord], _ what: String) throws {
+        let all = try contents()
+        try require(all == expected, "\(what): expected \(describe(expected)), scan yields \(describe(all))")
     }
 }

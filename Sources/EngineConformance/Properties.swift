@@ -32,7 +32,7 @@ enum Properties {
     }
 
     static let newStoreIsEmpty = Property("new-store-is-empty", "a new store opens at sequence 0 with no items") { context in
-        try context.withStore(try context.storeDirectory()) { store in
+        try context.withNewStore { store in
             try require(store.openedSequence == 0, "a new store opened at sequence \(store.openedSequence)")
             try require(try store.contents().isEmpty, "a new store has items")
         }
@@ -41,24 +41,21 @@ enum Properties {
     static let readsAfterPuts = Property(
         "reads-after-puts", "scan yields every item in insertion order with the times given; count agrees"
     ) { context in
-        try context.withStore(try context.storeDirectory()) { store in
+        try context.withNewStore { store in
             let written = [record("b", "B", created: 10, updated: 11), record("a", "A", created: 20, updated: 21),
                            record("c", "C", created: 30, updated: 31)]
             try store.apply(written.map { .put($0) }, sequence: 1)
-            let all = try store.contents()
-            try require(all == written, "wrote \(describe(written)), scan yields \(describe(all)) (insertion order, not key order)")
+            try store.requireContents(written, "insertion order, not key order")
         }
     }
 
     static let overwriteKeepsPlace = Property(
         "overwrite-keeps-place", "a put of an existing key replaces it in place with the given times"
     ) { context in
-        try context.withStore(try context.storeDirectory()) { store in
+        try context.withNewStore { store in
             try store.apply([.put(record("a", "1", created: 5, updated: 5)), .put(record("b", "2"))], sequence: 1)
             try store.apply([.put(record("a", "changed", created: 5, updated: 99))], sequence: 2)
-            let all = try store.contents()
-            let expected = [record("a", "changed", created: 5, updated: 99), record("b", "2")]
-            try require(all == expected, "expected \(describe(expected)), scan yields \(describe(all))")
+            try store.requireContents([record("a", "changed", created: 5, updated: 99), record("b", "2")], "after the overwrite")
         }
     }
 
@@ -66,7 +63,7 @@ enum Properties {
         "removed-key-goes-last",
         "a removed key put again goes last, across applies and within one; absent removes are no error; the last put of a key wins"
     ) { context in
-        try context.withStore(try context.storeDirectory()) { store in
+        try context.withNewStore { store in
             try store.apply([.put(record("a", "1")), .put(record("b", "2")), .put(record("c", "3"))], sequence: 1)
             try store.apply([.remove(key: Array("a".utf8)), .remove(key: Array("absent".utf8))], sequence: 2)
             try store.apply([.put(record("a", "again"))], sequence: 3)
@@ -82,7 +79,7 @@ enum Properties {
     }
 
     static let removeAllThenPuts = Property("remove-all-then-puts", "removeAll then puts in one apply leaves only the puts") { context in
-        try context.withStore(try context.storeDirectory()) { store in
+        try context.withNewStore { store in
             try store.apply([.put(record("a", "1")), .put(record("b", "2"))], sequence: 1)
             try store.apply([.removeAll, .put(record("z", "26")), .put(record("a", "new"))], sequence: 2)
             let all = try store.contents()
@@ -93,14 +90,13 @@ enum Properties {
     static let bytesKeptExactly = Property(
         "bytes-kept-exactly", "keys and payloads are raw bytes (NUL, invalid UTF-8, empty payloads), compared as bytes"
     ) { context in
-        try context.withStore(try context.storeDirectory()) { store in
+        try context.withNewStore { store in
             let odd: [[UInt8]] = [[0], [0, 0, 1], [0xFF, 0xFE], [0xC3, 0x28], Array("é".utf8), Array("e\u{301}".utf8), [0x2F, 0x2E, 0x2E]]
             let written = odd.enumerated().map { index, key in
                 record(bytes: key, payload: [0, UInt8(index), 0xFF, 0], created: UInt64(index), updated: UInt64.max - 1)
             } + [record(bytes: [7], payload: [])]
             try store.apply(written.map { .put($0) }, sequence: 1)
-            let all = try store.contents()
-            try require(all == written, "wrote \(written.count) items with odd bytes; scan yields \(describe(all))")
+            try store.requireContents(written, "keys and payloads with odd bytes")
         }
     }
 
@@ -113,17 +109,16 @@ enum Properties {
         let written = [record(bytes: longest, payload: Array("max".utf8)), record(bytes: nearly, payload: Array("near".utf8))]
         try context.withStore(directory) { store in
             try store.apply(written.map { .put($0) }, sequence: 1)
-            let all = try store.contents()
-            try require(all == written, "two keys of 1,024 bytes differing in the last byte: scan yields \(describe(all))")
+            try store.requireContents(written, "two keys of 1,024 bytes differing in the last byte")
             try requireFailure([.invalid], "a put of a 1,025-byte key") {
                 try store.apply([.put(record(bytes: longest + [1], payload: [1]))], sequence: 2)
             }
             try requireFailure([.invalid], "a put of an empty key") {
                 try store.apply([.put(record(bytes: [], payload: [1]))], sequence: 2)
             }
-            try require(try store.contents() == written, "a refused key changed the store")
+            try store.requireContents(written, "after the refused keys")
             try store.apply([.remove(key: nearly)], sequence: 2)
-            try require(try store.contents() == [written[0]], "a remove by a 1,024-byte key removed the wrong items")
+            try store.requireContents([written[0]], "after a remove by a 1,024-byte key")
         }
         guard context.persistent else { return }
         try context.withStore(directory) { store in
@@ -158,8 +153,7 @@ enum Properties {
                     [.put(record("a", "overwritten")), .remove(key: Array("b".utf8)), .put(record("new", "x")),
                      .put(record("never", "y")), .removeAll], sequence: 2)
             }
-            let all = try store.contents()
-            try require(all == before, "after the failed apply: \(describe(all)), expected \(describe(before))")
+            try store.requireContents(before, "after the failed apply")
             // The host goes on: the next apply carries the failed one's sequence.
             try store.apply([.put(record("c", "3"))], sequence: 2)
         }
@@ -175,7 +169,7 @@ enum Properties {
     static let stopOnRequest = Property(
         "stop-on-request", "a scan whose sink asks to stop calls it no more and fails with stopped"
     ) { context in
-        try context.withStore(try context.storeDirectory()) { store in
+        try context.withNewStore { store in
             try store.apply((0..<5).map { .put(record("k\($0)", "v")) }, sequence: 1)
             var calls = 0
             do {
@@ -262,12 +256,11 @@ enum Properties {
         }
         try context.withStore(directory) { store in
             try store.apply(written.map { .put($0) }, sequence: 1)
-            let all = try store.contents()
-            try require(all == written, "wrote \(size) items in one apply; scan yields \(describe(all))")
+            try store.requireContents(written, "\(size) items written in one apply")
         }
         guard context.persistent else { return }
         try context.withStore(directory) { store in
-            try require(try store.contents() == written, "after a reopen the big apply is not whole")
+            try store.requireContents(written, "the big apply after a reopen")
         }
     }
 

@@ -42,6 +42,31 @@ def report_error(payload):
     print("error 0x%04x %s" % (code, payload[4 : 4 + size].decode()))
 
 
+def text_at(payload, offset):
+    """The text at offset, and the offset after it."""
+    size = struct.unpack(">H", payload[offset : offset + 2])[0]
+    return payload[offset + 2 : offset + 2 + size].decode(), offset + 2 + size
+
+
+def list_names(payload, skip_after_name):
+    """The first field (a text) of every element of a list frame; `skip_after_name(payload, offset)` returns the
+    offset of the next element."""
+    count = struct.unpack(">I", payload[:4])[0]
+    offset, names = 4, []
+    for _ in range(count):
+        name, offset = text_at(payload, offset)
+        names.append(name)
+        offset = skip_after_name(payload, offset)
+    return names
+
+
+# List answers: their name, and how to skip the rest of an element after its name.
+LISTS = {
+    0x42: ("storeList", lambda payload, offset: text_at(payload, offset + 24)[1]),  # u64 x3, text engine
+    0x4D: ("valueList", lambda payload, offset: offset + 17),  # u64 epoch, u64 sequence, u8 set
+}
+
+
 def main():
     path, op, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -76,29 +101,12 @@ def main():
         if kind == 0x7F:
             report_error(payload)
             return
-        if kind == 0x42:  # storeList: collect the names of every frame
-            count = struct.unpack(">I", payload[:4])[0]
-            offset = 4
-            for _ in range(count):
-                size = struct.unpack(">H", payload[offset : offset + 2])[0]
-                names.append(payload[offset + 2 : offset + 2 + size].decode())
-                offset += 2 + size + 24
-                size = struct.unpack(">H", payload[offset : offset + 2])[0]
-                offset += 2 + size
+        if kind in LISTS:  # storeList, valueList: collect the names of every frame
+            name, skip_after_name = LISTS[kind]
+            names += list_names(payload, skip_after_name)
             if flags & 1:
                 continue
-            print("ok storeList " + ",".join(names))
-            return
-        if kind == 0x4D:  # valueList: text name, u64 epoch, u64 sequence, u8 set
-            count = struct.unpack(">I", payload[:4])[0]
-            offset = 4
-            for _ in range(count):
-                size = struct.unpack(">H", payload[offset : offset + 2])[0]
-                names.append(payload[offset + 2 : offset + 2 + size].decode())
-                offset += 2 + size + 17
-            if flags & 1:
-                continue
-            print("ok valueList " + ",".join(names))
+            print("ok %s %s" % (name, ",".join(names)))
             return
         if kind == 0x48:
             print("ok countResult %d" % struct.unpack(">Q", payload[16:24])[0])
