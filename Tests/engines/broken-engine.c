@@ -77,8 +77,8 @@ static int32_t broken_apply(sb_store *store, const sb_step *steps, size_t step_c
                             sb_error *error) {
     if (store->fail_after_steps >= 0) return inner->apply(store, steps, step_count, sequence, error);
     for (size_t i = 0; i < step_count; i++) { /* what can be refused is refused now */
-        if (steps[i].kind != SB_STEP_REMOVE_ALL && (steps[i].key.length == 0 || steps[i].key.length > SB_MAX_KEY_LENGTH))
-            return fail(error, SB_ERR_INVALID, "a key of %zu bytes", steps[i].key.length);
+        int32_t refused = check_key(&steps[i], error);
+        if (refused != SB_OK) return refused;
     }
     int32_t status = write_held(store, error);
     if (status != SB_OK) return status;

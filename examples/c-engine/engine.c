@@ -452,6 +452,12 @@ static int32_t engine_drop(const storebroker_engine *engine, const char *directo
     return fsync_directory(directory, error);
 }
 
+/* Keys are 1 to SB_MAX_KEY_LENGTH bytes: the host never sends another, and an engine never cuts one. */
+static int32_t check_key(const sb_step *step, sb_error *error) {
+    if (step->kind == SB_STEP_REMOVE_ALL || (step->key.length >= 1 && step->key.length <= SB_MAX_KEY_LENGTH)) return SB_OK;
+    return fail(error, SB_ERR_INVALID, "a key of %zu bytes (keys are 1 to %d bytes)", step->key.length, SB_MAX_KEY_LENGTH);
+}
+
 static int32_t engine_apply(sb_store *s, const sb_step *steps, size_t step_count, uint64_t sequence,
                             sb_error *error) {
     int32_t status = SB_OK;
@@ -460,11 +466,7 @@ static int32_t engine_apply(sb_store *s, const sb_step *steps, size_t step_count
             status = fail(error, SB_ERR_INJECTED, "failure injected after %ld steps", s->fail_after_steps);
             break;
         }
-        if (steps[i].kind != SB_STEP_REMOVE_ALL && (steps[i].key.length == 0 || steps[i].key.length > SB_MAX_KEY_LENGTH)) {
-            status = fail(error, SB_ERR_INVALID, "a key of %zu bytes (keys are 1 to %d bytes)", steps[i].key.length,
-                          SB_MAX_KEY_LENGTH);
-            break;
-        }
+        if ((status = check_key(&steps[i], error)) != SB_OK) break;
         switch (steps[i].kind) {
         case SB_STEP_PUT: status = put(s, &steps[i], error); break;
         case SB_STEP_REMOVE: remove_key(s, steps[i].key); break;
