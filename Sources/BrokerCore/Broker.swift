@@ -156,9 +156,11 @@ public final class Broker: Sendable {
             }
             switch command {
             case .write(let name, let write, let condition):
-                storeWrites[name, default: []].append(PendingWrite(kind: .write(write), condition: condition, reply: reply))
+                storeWrites[name, default: []].append(
+                    PendingWrite(kind: .write(write), condition: condition, submitter: context.submitter, reply: reply))
             case .drop(let name, let condition):
-                storeWrites[name, default: []].append(PendingWrite(kind: .drop, condition: condition, reply: reply))
+                storeWrites[name, default: []].append(
+                    PendingWrite(kind: .drop, condition: condition, submitter: context.submitter, reply: reply))
             case .setValue(let namespace, let name, let value, let condition):
                 valueWrites[namespace, default: []].append(
                     .init(name: name, value: value?.owned.bytes, condition: condition, reply: reply))

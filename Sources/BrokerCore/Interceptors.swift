@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Logging
+import Synchronization
 import StoreModel
 
 // The interceptor chain (ComposeStore's idea): every request passes through an ordered list of interceptors
@@ -105,12 +106,18 @@ public struct RequestContext: Sendable {
     public var grant: Grant
     /// The name the client gave in its `hello`.
     public var clientName: String
+    /// Tells this context's requests from other contexts' (a connection's, for the daemon): a store's writer
+    /// groups the writes of the writers it has just answered (see `ManagedStore`).
+    public let submitter: UInt64
 
     public init(peer: Peer, grant: Grant, clientName: String) {
         self.peer = peer
         self.grant = grant
         self.clientName = clientName
+        submitter = Self.submitters.add(1, ordering: .relaxed).newValue
     }
+
+    private static let submitters = Atomic<UInt64>(0)
 
     /// The daemon itself (tests, the testing product).
     public static let owner = RequestContext(peer: Peer(uid: getuid(), pid: getpid()), grant: .owner, clientName: "")

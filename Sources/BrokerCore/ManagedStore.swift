@@ -15,6 +15,8 @@ struct PendingWrite: QueuedWrite {
 
     var kind: Kind
     var condition: Condition
+    /// Who handed the write in (`RequestContext.submitter`).
+    var submitter: UInt64
     var reply: Reply
 }
 
@@ -44,10 +46,15 @@ struct StoreEnvironment: Sendable {
 /// change under the lock, in O(items changed). Then, outside the lock, it broadcasts the commits (one shared
 /// push per commit for every subscriber, then the observers) and answers the group. Reads take the lock only
 /// to copy what they answer, from the event loop, so they never wait for the engine.
+///
+/// When applies are slow (an `fsync`), the writer waits a little before a group for the writers its last group
+/// answered, so that writers waiting for each acknowledgement share commits (`GroupGathering`).
 final class ManagedStore: Sendable {
     let name: String
     private let environment: StoreEnvironment
     private let state: Locked<State>
+    /// Wakes the writer waiting to gather a group (`GroupGathering`).
+    private let doorbell = Doorbell()
 
     private enum Phase {
         case unloaded, loading, ready
@@ -71,6 +78,7 @@ final class ManagedStore: Sendable {
         var writing = false
         var stopping = false
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
+        var gathering = GroupGathering()
 
         mutating func markLoadFailed() { phase = .unloaded }
 
@@ -330,9 +338,13 @@ final class ManagedStore: Sendable {
     /// as Redis does: no hand-off to a writer thread and back. What queues meanwhile goes to the writer pool.
     func submit(_ writes: [PendingWrite]) {
         enum Next { case refused, queued, commitHere }
+        var completesGroup = false
         let next = state.withLock { state -> Next in
             guard !state.stopping else { return .refused }
             state.pending.append(contentsOf: writes)
+            if let submitter = writes.first?.submitter {
+                completesGroup = state.gathering.submitted(by: submitter)
+            }
             // A drop (files removed) and a store's creation (directory, manifest) touch the disk: the pool's.
             guard state.phase == .ready, !state.writing, state.engineStore != nil,
                 state.engine?.capabilities.contains(.nonblocking) == true,
@@ -341,6 +353,7 @@ final class ManagedStore: Sendable {
             state.writing = true
             return .commitHere
         }
+        if completesGroup { doorbell.ring() }
         switch next {
         case .refused:
             let error = BrokerError(.shuttingDown, "the broker is shutting down")
@@ -376,6 +389,7 @@ final class ManagedStore: Sendable {
     /// stores' jobs).
     private func runWriter(groups: Int) {
         for _ in 0..<groups {
+            gatherGroup()
             let batch = state.withLock { state -> Batch? in
                 guard let first = state.pending.first else { return nil }
                 if case .drop = first.kind {
@@ -400,6 +414,21 @@ final class ManagedStore: Sendable {
             }
         }
         if state.writerGoesOn() { environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) } }
+    }
+
+    /// Before a group, on a writer thread: waits a little for the writers the last group answered when its apply
+    /// was slow (`GroupGathering`). Never where the engine commits on the event loop (`nonblocking`).
+    private func gatherGroup() {
+        let wait = state.withLock { state -> UInt64? in
+            guard !state.stopping, state.pending.count < environment.configuration.maxGroupCommit,
+                let engine = state.engine, !engine.capabilities.contains(.nonblocking)
+            else { return nil }
+            doorbell.reset()
+            return state.gathering.beginWait()
+        }
+        guard let wait else { return }
+        doorbell.wait(nanoseconds: wait)
+        state.withLock { $0.gathering.endWait() }
     }
 
     private enum Outcome {
@@ -499,6 +528,7 @@ final class ManagedStore: Sendable {
             answer(writes, outcomes, epoch: epoch)
             return
         }
+        let applyStarted = monotonicNanoseconds()
         do throws(BrokerError) {
             let store = try engineStore(engine, epoch: epoch)
             try EnginePlace.engineCall { () throws(EngineFailure) in
@@ -519,6 +549,7 @@ final class ManagedStore: Sendable {
             return
         }
 
+        let applied = monotonicNanoseconds()
         state.recordFirstCommit(in: place)
 
         // Committed: memory and history, in sequence order, under the lock; then the broadcast and the answers.
@@ -535,6 +566,7 @@ final class ManagedStore: Sendable {
             }
             state.epoch = epoch
             state.sequence = finalSequence
+            state.gathering.committed(writes, applyTook: applied - applyStarted, queued: state.pending)
             return Array(state.subscribers.values)
         }
         broadcast(commits.map { (.storeEvent($0), $0.position) }, to: subscribers, commits: commits)

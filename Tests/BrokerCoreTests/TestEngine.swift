@@ -26,6 +26,8 @@ final class TestEngine: StorageEngine, EngineProvider {
         var applyThreads: [UInt] = []
         var stores: [String: TestEngineStore] = [:]
         var failNext = false
+        /// Each apply sleeps this long, as a disk's fsync would.
+        var applyDelay: Duration = .zero
         var opensStarted = 0
         var closes = 0
     }
@@ -82,13 +84,14 @@ final class TestEngineStore: EngineStore {
     var openedSequence: UInt64 { sequence.withLock { $0 } }
 
     func apply(_ steps: [EngineStep], sequence: UInt64) throws(EngineFailure) {
-        let fail = engine.state.withLock { state in
+        let (fail, delay) = engine.state.withLock { state in
             state.applies.append((steps, sequence))
             state.applyThreads.append(UInt(pthread_self()))
             defer { state.failNext = false }
-            return state.failNext
+            return (state.failNext, state.applyDelay)
         }
         engine.applies.pass()
+        if delay > .zero { usleep(UInt32(delay / .microseconds(1))) }
         if fail { throw EngineFailure(.io, "the disk caught fire") }
         records.withLock { records in
             for step in steps {

@@ -1,0 +1,117 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Group commit for writers that wait for each acknowledgement.
+///
+/// A store's writer commits whatever is queued as one group. When each client waits for its answer before its
+/// next write, that alone makes poor groups: the clients answered by one group come back while the next group
+/// (made of those that queued meanwhile) is being committed, so groups alternate between few and many and a slow
+/// apply (an `fsync`) is paid for every couple of writes. So, as PostgreSQL's `commit_delay` with
+/// `commit_siblings` does, when the last apply was slow the writer waits a little for the submitters it has just
+/// answered before it makes its next group: at most as long as that apply took (waiting longer than the apply
+/// it would save is never worth it) and never more than `maximumWait`, and only for submitters that have nothing
+/// queued. A lone client, a store whose applies are fast (the memory engine, sqlite `NORMAL`) and pipelined
+/// clients with writes already queued never wait.
+struct GroupGathering {
+    /// Applies faster than this are not worth waiting for.
+    static let slowApply: UInt64 = 100_000
+    /// The longest wait before a group, in nanoseconds.
+    static let maximumWait: UInt64 = 1_000_000
+
+    /// Submitters answered by the last group that have nothing queued and have not handed in writes since.
+    private(set) var awaiting: Set<UInt64> = []
+    /// How long the last apply took, in nanoseconds.
+    private var lastApply: UInt64 = 0
+    /// The writer is waiting for `awaiting` to empty.
+    private var writerWaits = false
+
+    /// `submitter` handed in writes: true when that completes the group the writer is waiting for.
+    mutating func submitted(by submitter: UInt64) -> Bool {
+        guard !awaiting.isEmpty, awaiting.remove(submitter) != nil else { return false }
+        return writerWaits && awaiting.isEmpty
+    }
+
+    /// A group was committed by an apply that took `nanoseconds`; `queued` is what waits behind it.
+    mutating func committed(
+        _ group: some Sequence<PendingWrite>, applyTook nanoseconds: UInt64, queued: some Sequence<PendingWrite>
+    ) {
+        lastApply = nanoseconds
+        awaiting.removeAll(keepingCapacity: true)
+        guard nanoseconds >= Self.slowApply else { return }
+        for write in group { awaiting.insert(write.submitter) }
+        for write in queued where !awaiting.isEmpty { awaiting.remove(write.submitter) }
+    }
+
+    /// Before the next group: how long the writer should wait for the submitters it has just answered (nil: not at
+    /// all). The writer then waits until `submitted(by:)` says the group is whole or the time is up.
+    mutating func beginWait() -> UInt64? {
+        guard !awaiting.isEmpty, lastApply >= Self.slowApply else { return nil }
+        writerWaits = true
+        return min(lastApply, Self.maximumWait)
+    }
+
+    /// The wait is over (the group is whole, or the time ran out: those still missing are not waited for again).
+    mutating func endWait() {
+        writerWaits = false
+        awaiting.removeAll(keepingCapacity: true)
+    }
+}
+
+/// One thread sleeps until another rings or a deadline passes (a condition variable on the monotonic clock).
+final class Doorbell: @unchecked Sendable {
+    // `@unchecked Sendable`: `rung` is touched only with `mutex` held.
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let condition: UnsafeMutablePointer<pthread_cond_t>
+    private var rung = false
+
+    init() {
+        mutex = .allocate(capacity: 1)
+        mutex.initialize(to: pthread_mutex_t())
+        pthread_mutex_init(mutex, nil)
+        condition = .allocate(capacity: 1)
+        condition.initialize(to: pthread_cond_t())
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(condition, &attributes)
+        pthread_condattr_destroy(&attributes)
+    }
+
+    deinit {
+        pthread_cond_destroy(condition)
+        condition.deallocate()
+        pthread_mutex_destroy(mutex)
+        mutex.deallocate()
+    }
+
+    /// Forgets an earlier ring (before the sleeper decides to wait).
+    func reset() {
+        pthread_mutex_lock(mutex)
+        rung = false
+        pthread_mutex_unlock(mutex)
+    }
+
+    func ring() {
+        pthread_mutex_lock(mutex)
+        rung = true
+        pthread_cond_signal(condition)
+        pthread_mutex_unlock(mutex)
+    }
+
+    /// Sleeps until rung (since the last `reset()`) or for `nanoseconds`.
+    func wait(nanoseconds: UInt64) {
+        let deadline = monotonicNanoseconds() + nanoseconds
+        var time = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
+        pthread_mutex_lock(mutex)
+        while !rung, pthread_cond_timedwait(condition, mutex, &time) != ETIMEDOUT {}
+        pthread_mutex_unlock(mutex)
+    }
+}
+
+/// The monotonic clock, in nanoseconds.
+func monotonicNanoseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+}
