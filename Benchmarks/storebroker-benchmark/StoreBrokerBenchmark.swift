@@ -145,15 +145,51 @@ final class Workload: @unchecked Sendable {
         self.rangeLimit = rangeLimit
     }
 
-    private func key() -> ItemID {
-        let number: Int
+    /// The batch request encoded once, with where each id's digits lie (nil until the first batch, empty when it
+    /// does not fit one frame).
+    private var batchTemplate: (frame: ByteBuffer, digits: [Int])?
+
+    private func keyNumber() -> Int {
         if sequentialKeys {
-            number = next
-            next += 1
-        } else {
-            number = keyspace > 0 ? Int.random(in: 0..<keyspace, using: &random) : 0
+            defer { next += 1 }
+            return next
         }
-        return ItemID(Self.keyText(number))
+        return keyspace > 0 ? Int.random(in: 0..<keyspace, using: &random) : 0
+    }
+
+    private func key() -> ItemID { ItemID(Self.keyText(keyNumber())) }
+
+    /// Writes `number` as the 12 digits of a key (see `keyText`) at `offset`.
+    private static func writeDigits(_ number: Int, at offset: Int, in bytes: UnsafeMutableRawBufferPointer) {
+        var value = number
+        for index in (0..<12).reversed() {
+            bytes[offset + index] = UInt8(ascii: "0") + UInt8(value % 10)
+            value /= 10
+        }
+    }
+
+    /// A batch encoded once with distinct placeholder ids, and the offset of each id's digits in it.
+    private func makeBatchTemplate(maxFrameLength: Int) throws(WireError) -> (frame: ByteBuffer, digits: [Int]) {
+        let placeholders = (0..<batchItems).map { Self.keyText(900_000_000_000 + $0) }
+        let message = ClientMessage.insert(
+            .init(store: store, items: placeholders.map { Item(id: ItemID($0), payload: payload) }))
+        var frame = ByteBuffer()
+        try message.encode(id: 0, maxFrameLength: maxFrameLength, into: &frame)
+        let bytes = Array(frame.readableBytesView)
+        // One frame only: a batch split into continuation frames is encoded each time.
+        guard bytes.count == WireProtocol.headerLength + Int(frame.getInteger(at: 0, as: UInt32.self)!) else {
+            return (frame, [])
+        }
+        var digits: [Int] = []
+        var from = WireProtocol.headerLength
+        for placeholder in placeholders {
+            let text = Array(placeholder.utf8)
+            guard let found = (from...(bytes.count - text.count)).first(where: { bytes[$0..<$0 + text.count].elementsEqual(text) })
+            else { return (frame, []) }
+            digits.append(found + 4)
+            from = found + text.count
+        }
+        return (frame, digits)
     }
 
     /// `key:` and `number` in 12 digits, written in place (as redis-benchmark fills its `__rand_int__`): the
@@ -177,6 +213,19 @@ final class Workload: @unchecked Sendable {
         case .insert: message = .insert(.init(store: store, items: [Item(id: key(), payload: payload)]))
         case .get: message = .getItems(.init(store: store, ids: [key()]))
         case .batch:
+            // As redis-benchmark fills its `__rand_int__` placeholders: the request is encoded once, then each
+            // copy gets new ids written over the digits and its own request id. The daemon decodes it whole.
+            if batchTemplate == nil { batchTemplate = try makeBatchTemplate(maxFrameLength: maxFrameLength) }
+            if let template = batchTemplate, !template.digits.isEmpty {
+                let start = out.writerIndex - out.readerIndex
+                out.writeImmutableBuffer(template.frame)
+                out.withUnsafeMutableReadableBytes { bytes in
+                    let frame = UnsafeMutableRawBufferPointer(rebasing: bytes[start...])
+                    frame.storeBytes(of: id.bigEndian, toByteOffset: 8, as: UInt32.self)
+                    for offset in template.digits { Self.writeDigits(keyNumber(), at: offset, in: frame) }
+                }
+                return
+            }
             message = .insert(.init(store: store, items: (0..<batchItems).map { _ in Item(id: key(), payload: payload) }))
         case .chain:
             message = .chain(.init(store: store, steps: [.insert(items: [Item(id: key(), payload: payload)]), .remove(ids: [key()])]))
