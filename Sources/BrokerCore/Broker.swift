@@ -25,11 +25,14 @@ public struct BrokerConfiguration: Sendable {
     /// The most threads writers run on at once (`--writer-threads`): each store with work is pinned to one,
     /// calling its engine synchronously; an idle store holds none.
     public var writerThreads: Int
+    /// The longest a store's writer waits, after a slow apply, for the writers it has just answered before it makes
+    /// its next group (`--max-group-wait`; zero: never). See `GroupGathering`.
+    public var maxGroupWait: Duration
 
     public init(
         dataDirectory: String, defaultEngine: String = "sqlite", engineOptions: [String: [String: String]] = [:],
         history: Int = 1024, historyBytes: Int = 64 << 20, subscriberBuffer: Int = 1024, maxItemLength: Int = 1 << 20, maxBatch: Int = 10_000,
-        maxGroupCommit: Int = 512, writerThreads: Int = 4
+        maxGroupCommit: Int = 512, writerThreads: Int = 4, maxGroupWait: Duration = .milliseconds(1)
     ) {
         self.dataDirectory = dataDirectory
         self.defaultEngine = defaultEngine
@@ -41,6 +44,7 @@ public struct BrokerConfiguration: Sendable {
         self.maxBatch = maxBatch
         self.maxGroupCommit = maxGroupCommit
         self.writerThreads = writerThreads
+        self.maxGroupWait = maxGroupWait
     }
 }
 

@@ -10,14 +10,12 @@ import Glibc
 /// apply (an `fsync`) is paid for every couple of writes. So, as PostgreSQL's `commit_delay` with
 /// `commit_siblings` does, when the last apply was slow the writer waits a little for the submitters it has just
 /// answered before it makes its next group: at most as long as that apply took (waiting longer than the apply
-/// it would save is never worth it) and never more than `maximumWait`, and only for submitters that have nothing
+/// it would save is never worth it) and never more than `--max-group-wait`, and only for submitters that have nothing
 /// queued. A lone client, a store whose applies are fast (the memory engine, sqlite `NORMAL`) and pipelined
 /// clients with writes already queued never wait.
 struct GroupGathering {
     /// Applies faster than this are not worth waiting for.
     static let slowApply: UInt64 = 100_000
-    /// The longest wait before a group, in nanoseconds.
-    static let maximumWait: UInt64 = 1_000_000
 
     /// Submitters answered by the last group that have nothing queued and have not handed in writes since.
     private(set) var awaiting: Set<UInt64> = []
@@ -43,12 +41,13 @@ struct GroupGathering {
         for write in queued where !awaiting.isEmpty { awaiting.remove(write.submitter) }
     }
 
-    /// Before the next group: how long the writer should wait for the submitters it has just answered (nil: not at
-    /// all). The writer then waits until `submitted(by:)` says the group is whole or the time is up.
-    mutating func beginWait() -> UInt64? {
-        guard !awaiting.isEmpty, lastApply >= Self.slowApply else { return nil }
+    /// Before the next group: how long, at most `maximum` nanoseconds, the writer should wait for the submitters
+    /// it has just answered (nil: not at all). The writer then waits until `submitted(by:)` says the group is whole
+    /// or the time is up.
+    mutating func beginWait(maximum: UInt64) -> UInt64? {
+        guard !awaiting.isEmpty, lastApply >= Self.slowApply, maximum > 0 else { return nil }
         writerWaits = true
-        return min(lastApply, Self.maximumWait)
+        return min(lastApply, maximum)
     }
 
     /// The wait is over (the group is whole, or the time ran out: those still missing are not waited for again).

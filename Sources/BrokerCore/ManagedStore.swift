@@ -389,7 +389,7 @@ final class ManagedStore: Sendable {
     /// stores' jobs).
     private func runWriter(groups: Int) {
         for _ in 0..<groups {
-            gatherGroup()
+            guard gatherGroup() else { break }
             let batch = state.withLock { state -> Batch? in
                 guard let first = state.pending.first else { return nil }
                 if case .drop = first.kind {
@@ -416,19 +416,28 @@ final class ManagedStore: Sendable {
         if state.writerGoesOn() { environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) } }
     }
 
-    /// Before a group, on a writer thread: waits a little for the writers the last group answered when its apply
-    /// was slow (`GroupGathering`). Never where the engine commits on the event loop (`nonblocking`).
-    private func gatherGroup() {
-        let wait = state.withLock { state -> UInt64? in
+    /// Before a group: false when nothing is queued. Otherwise, on a writer thread, waits a little for the writers
+    /// the last group answered when its apply was slow (`GroupGathering`); never where the engine commits on the
+    /// event loop (`nonblocking`).
+    private func gatherGroup() -> Bool {
+        let maximum = UInt64(environment.configuration.maxGroupWait / .nanoseconds(1))
+        enum Next { case nothingQueued, go, wait(UInt64) }
+        let next = state.withLock { state -> Next in
+            guard !state.pending.isEmpty else { return .nothingQueued }
             guard !state.stopping, state.pending.count < environment.configuration.maxGroupCommit,
                 let engine = state.engine, !engine.capabilities.contains(.nonblocking)
-            else { return nil }
+            else { return .go }
             doorbell.reset()
-            return state.gathering.beginWait()
+            return state.gathering.beginWait(maximum: maximum).map(Next.wait) ?? .go
         }
-        guard let wait else { return }
-        doorbell.wait(nanoseconds: wait)
-        state.withLock { $0.gathering.endWait() }
+        switch next {
+        case .nothingQueued: return false
+        case .go: return true
+        case .wait(let nanoseconds):
+            doorbell.wait(nanoseconds: nanoseconds)
+            state.withLock { $0.gathering.endWait() }
+            return true
+        }
     }
 
     private enum Outcome {
@@ -528,12 +537,15 @@ final class ManagedStore: Sendable {
             answer(writes, outcomes, epoch: epoch)
             return
         }
-        let applyStarted = monotonicNanoseconds()
+        // The apply alone (not a new store's creation) tells whether the next group is worth gathering.
+        var applyTook: UInt64 = 0
         do throws(BrokerError) {
             let store = try engineStore(engine, epoch: epoch)
+            let applyStarted = monotonicNanoseconds()
             try EnginePlace.engineCall { () throws(EngineFailure) in
                 try store.apply(steps, sequence: finalSequence)
             }
+            applyTook = monotonicNanoseconds() - applyStarted
         } catch {
             logger.error(
                 "commit failed, nothing changed: \(error.message)",
@@ -549,7 +561,6 @@ final class ManagedStore: Sendable {
             return
         }
 
-        let applied = monotonicNanoseconds()
         state.recordFirstCommit(in: place)
 
         // Committed: memory and history, in sequence order, under the lock; then the broadcast and the answers.
@@ -566,7 +577,7 @@ final class ManagedStore: Sendable {
             }
             state.epoch = epoch
             state.sequence = finalSequence
-            state.gathering.committed(writes, applyTook: applied - applyStarted, queued: state.pending)
+            state.gathering.committed(writes, applyTook: applyTook, queued: state.pending)
             return Array(state.subscribers.values)
         }
         broadcast(commits.map { (.storeEvent($0), $0.position) }, to: subscribers, commits: commits)

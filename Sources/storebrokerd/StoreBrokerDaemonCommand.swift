@@ -81,6 +81,13 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
     var writerThreads: Int = 4
 
     @Option(
+        name: .customLong("max-group-wait"),
+        help: ArgumentHelp(
+            "After a slow commit (an fsync), how long a store's writer may wait for the clients it has just answered "
+                + "before its next commit, so that they share it; 0: never.", valueName: "microseconds"))
+    var maxGroupWait: Int = 1000
+
+    @Option(
         name: .customLong("subscriber-buffer"),
         help: ArgumentHelp("Pushes one subscriber may have waiting before it is told it lagged.", valueName: "n"))
     var subscriberBuffer: Int = 1024
@@ -159,6 +166,9 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         }
         guard subscriberBuffer >= 1 else { throw ValidationError("--subscriber-buffer must be at least 1") }
         guard (1...256).contains(writerThreads) else { throw ValidationError("--writer-threads must be 1 to 256") }
+        guard (0...1_000_000).contains(maxGroupWait) else {
+            throw ValidationError("--max-group-wait takes microseconds, 0 to 1000000")
+        }
         guard maxFrame >= 4096, maxFrame <= Int(UInt32.max) else {
             throw ValidationError("--max-frame must be between 4096 and \(UInt32.max)")
         }
@@ -218,7 +228,7 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
             broker: BrokerConfiguration(
                 dataDirectory: data, defaultEngine: engine, engineOptions: try parsedEngineOptions(), history: history,
                 historyBytes: historyBytes, subscriberBuffer: subscriberBuffer, maxItemLength: maxItem, maxBatch: maxBatch,
-                writerThreads: writerThreads),
+                writerThreads: writerThreads, maxGroupWait: .microseconds(maxGroupWait)),
             engineDirectories: enginePaths.map(absolute),
             environmentEnginePath: environment["STOREBROKER_ENGINE_PATH"],
             maxFrameLength: maxFrame, maxInFlight: maxInFlight,

@@ -231,7 +231,7 @@ extension Integration {
                     [binDirectory + "/storebrokerd", "--help"], stdoutPath: directory + "/h", stderrPath: directory + "/e2", in: directory)
                 #expect(await help.wait(atMost: 30) == 0)
                 for flag in ["--socket", "--data-dir", "--engine", "--engine-path", "--engine-option", "--no-dbus", "--history",
-                    "--subscriber-buffer", "--max-frame", "--max-item", "--max-batch", "--log-level"]
+                    "--subscriber-buffer", "--max-frame", "--max-item", "--max-batch", "--max-group-wait", "--log-level"]
                 {
                     #expect(help.stdout.contains(flag), "\(flag)")
                 }

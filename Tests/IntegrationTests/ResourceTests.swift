@@ -249,5 +249,25 @@ extension Integration {
                 #expect(daemon.stderr.contains("--max-item must be at least 1 and fit in one frame"), "\(daemon.stderr)")
             }
         }
+
+        /// `--max-group-wait` takes microseconds from 0 (never wait) to 1 s; anything else stops start-up.
+        @Test func maxGroupWaitIsCheckedAtStartUpAndZeroStillCommits() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = try ChildProcess(
+                    [binDirectory + "/storebrokerd", "--socket", directory + "/s.sock", "--data-dir", directory + "/data",
+                     "--no-dbus", "--max-group-wait", "2000000"],
+                    stdoutPath: directory + "/log", stderrPath: directory + "/log", in: directory)
+                #expect(await daemon.wait(atMost: 30) != 0)
+                #expect(daemon.stderr.contains("--max-group-wait takes microseconds, 0 to 1000000"), "\(daemon.stderr)")
+            }
+            try await Daemon.with(arguments: ["--max-group-wait", "0", "--engine-option", "sqlite.synchronous=FULL"]) { daemon in
+                for n in 0..<3 {
+                    let inserted = try await daemon.storectl(["insert", "s", #"{"id":"i\#(n)"}"#])
+                    #expect(inserted.status == 0, "\(inserted.stderr)")
+                }
+                let count = try await daemon.storectl(["count", "s"])
+                #expect(count.stdout == "3\n")
+            }
+        }
     }
 }
