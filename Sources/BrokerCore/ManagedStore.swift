@@ -408,9 +408,12 @@ final class ManagedStore: Sendable {
                 return .group(group)
             }
             guard let batch else { break }
-            switch batch {
-            case .group(let writes): commit(writes)
-            case .drop(let write): drop(write)
+            // What the commit gives each connection (events, answers) is handed to it at once, after it.
+            HandOffs.gathering {
+                switch batch {
+                case .group(let writes): commit(writes)
+                case .drop(let write): drop(write)
+                }
             }
         }
         if state.writerGoesOn() { environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) } }

@@ -256,7 +256,7 @@ final class ValueSpace: Sendable {
                 return Array(state.pending.prefix(count))
             }
             guard !group.isEmpty else { break }
-            commit(group)
+            HandOffs.gathering { commit(group) }
         }
         if state.writerGoesOn() { environment.onWriter { self.runWriter() } }
     }

@@ -16,7 +16,10 @@ import Wire
 /// The writes one read cycle starts go to the broker together when the actions are done (`Broker.handle(_:
 /// context:)`: one hand-off per store). Answers from other threads (a writer's commit group, a load) land in
 /// the connection's inbox, and one event-loop task takes whatever has gathered there into the machine as one
-/// event: one hand-off and one flush per batch of answers, not per answer.
+/// event: one hand-off and one flush per batch of answers, not per answer. Pushes waiting in the connection's
+/// subscriptions go through the same inbox, so what one commit gives a connection (its event in a
+/// subscription and the answer to the write) leaves in one write, the pushes first: a client that follows the
+/// store it writes to is woken once, with its mirror already showing the write when the answer arrives.
 final class ConnectionHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
@@ -37,9 +40,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// The writes started by the actions being performed, handed to the broker once they are done.
     private var writes: [BrokerRequest] = []
     private let inbox = AnswerInbox()
-    /// Write answers given on this loop while actions were being performed (a commit made on the event loop):
-    /// taken into the machine together, as one event, once the actions are done.
+    /// Answers taken into the machine together, as one event, once the actions are done: write answers given
+    /// on this loop while actions were being performed (a commit made on the event loop), and the inbox's.
     private var answeredHere: [AnswerInbox.Answer] = []
+    /// Whether subscriptions have pushes waiting that the actions being performed have not taken yet (taken
+    /// before `answeredHere`, so that a commit's event precedes its answer).
+    private var pushesHere = false
     /// Bytes of the writes in `pending`: written as far as the machine is concerned, not yet in the channel.
     private var pendingBytes = 0
     /// What the channel held and the time when the actions being performed began; valid until they are done
@@ -74,6 +80,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         self.context = context
         let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
         let subscriberBuffer = subscriberBuffer
+        let inbox = inbox
         machine = ConnectionStateMachine(
             configuration: .init(
                 limits: limits, timeouts: timeouts, highWatermark: Self.writeBufferWaterMark.high),
@@ -81,7 +88,13 @@ final class ConnectionHandler: ChannelDuplexHandler {
             makeSubscription: { id, namespace, name in
                 Subscription(
                     id: id, namespace: namespace, name: name, capacity: subscriberBuffer,
-                    wake: { loop.eventLoop.execute { loop.value.event { $0.pushesWaiting(io: $1) } } })
+                    wake: {
+                        if loop.eventLoop.inEventLoop, loop.value.performing {
+                            loop.value.pushesHere = true  // a commit made here: its pushes leave with its answers
+                        } else if inbox.notePushes() {
+                            HandOffs.handOff { loop.eventLoop.execute { loop.value.takeInbox() } }
+                        }
+                    })
             })
     }
 
@@ -93,6 +106,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         pending = []
         writes = []
         answeredHere = []
+        pushesHere = false
         pendingBytes = 0
     }
 
@@ -195,6 +209,11 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 broker.handle(batch, context: requestContext)
                 continue
             }
+            if pushesHere {
+                pushesHere = false
+                event { $0.pushesWaiting(io: $1) }
+                continue
+            }
             if !answeredHere.isEmpty {
                 let answers = answeredHere
                 answeredHere.removeAll(keepingCapacity: true)
@@ -236,7 +255,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
                         loop.value.event { $0.answered(slot: slot, result, io: $1) }
                     }
                 } else if inbox.post(slot, result) {
-                    loop.eventLoop.execute { loop.value.takeInbox() }
+                    HandOffs.handOff { loop.eventLoop.execute { loop.value.takeInbox() } }
                 }
             }
             if command.isWrite {
@@ -279,10 +298,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
     }
 
-    /// Everything answered from other threads since the last time, as one event.
+    /// Everything answered from other threads since the last time, as one event, after the pushes waiting.
     private func takeInbox() {
-        let answers = inbox.takeAll()
-        event { $0.answered(answers, io: $1) }
+        let (answers, pushes) = inbox.takeAll()
+        pushesHere = pushesHere || pushes
+        answeredHere.append(contentsOf: answers)
+        perform([])
     }
 
     private func schedule(
@@ -300,30 +321,53 @@ private struct IOSnapshot {
     var now: NIODeadline
 }
 
-/// Answers given on other threads (writers), gathered until the connection's event loop takes them: the
-/// first answer of a batch schedules one task on the loop, the others only join it.
+/// Answers given on other threads (writers) and news of pushes waiting in the connection's subscriptions,
+/// gathered until the connection's event loop takes them: the first of a batch schedules one task on the
+/// loop, the others only join it.
 final class AnswerInbox: Sendable {
     typealias Answer = (UInt64, Result<BrokerAnswer, BrokerError>)
-    /// The answers, whether the task is scheduled, and how many the last batch held (the next one starts with
-    /// room for as many: one allocation per batch, not one per doubling).
-    private let state = Locked<(answers: [Answer], scheduled: Bool, lastCount: Int)>(([], false, 0))
+    private struct State {
+        var answers: [Answer] = []
+        var pushes = false
+        var scheduled = false
+        /// How many answers the last batch held: the next one starts with room for as many (one allocation per
+        /// batch, not one per doubling).
+        var lastCount = 0
+
+        /// Marks the task scheduled; true when the caller must schedule it.
+        mutating func schedule() -> Bool {
+            defer { scheduled = true }
+            return !scheduled
+        }
+    }
+    private let state = Locked(State())
 
     /// Adds an answer; true when the caller must schedule the task that takes them.
     func post(_ slot: UInt64, _ result: Result<BrokerAnswer, BrokerError>) -> Bool {
         state.withLock { state in
             if state.answers.isEmpty { state.answers.reserveCapacity(state.lastCount) }
             state.answers.append((slot, result))
-            defer { state.scheduled = true }
-            return !state.scheduled
+            return state.schedule()
         }
     }
 
-    func takeAll() -> [Answer] {
+    /// Notes that a subscription has pushes waiting; true when the caller must schedule the task.
+    func notePushes() -> Bool {
+        state.withLock { state in
+            state.pushes = true
+            return state.schedule()
+        }
+    }
+
+    func takeAll() -> (answers: [Answer], pushes: Bool) {
         state.withLock { state in
             state.scheduled = false
             state.lastCount = state.answers.count
-            defer { state.answers = [] }
-            return state.answers
+            defer {
+                state.answers = []
+                state.pushes = false
+            }
+            return (state.answers, state.pushes)
         }
     }
 }

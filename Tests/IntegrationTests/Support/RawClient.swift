@@ -57,6 +57,18 @@ final class RawClient {
         }
     }
 
+    /// The whole messages the next single `recv` completes (with what earlier reads left over): what one
+    /// write of the daemon carried, when the client was waiting for it.
+    func messagesOfOneRead() throws -> [(id: UInt32, message: ServerMessage)] {
+        guard try fill() else { return [] }
+        var messages: [(id: UInt32, message: ServerMessage)] = []
+        while let event = session.next(from: &input) {
+            guard case .message(let id, let message) = event else { throw DaemonFailure("not a message: \(event)") }
+            messages.append((id, message))
+        }
+        return messages
+    }
+
     /// The next raw frame, without the session (for answers to broken input), or `nil` at end of stream.
     func nextFrame() throws -> Frame? {
         let decoder = FrameDecoder(maxFrameLength: WireProtocol.defaultMaxFrameLength)
