@@ -18,12 +18,20 @@ public final class BrokerConnection: Sendable {
     private let channel: any Channel
     private let handler: NIOLoopBound<ClientHandler>
     private let pushBuffer: Int
+    private let line: RequestLine
+    /// Whether a caller off the event loop writes its request itself (no timeout to arm on the loop).
+    private let writesDirectly: Bool
 
-    private init(welcome: ServerMessage.Welcome, channel: any Channel, handler: NIOLoopBound<ClientHandler>, pushBuffer: Int) {
+    private init(
+        welcome: ServerMessage.Welcome, channel: any Channel, handler: NIOLoopBound<ClientHandler>, pushBuffer: Int,
+        line: RequestLine, timed: Bool
+    ) {
         self.welcome = welcome
         self.channel = channel
         self.handler = handler
         self.pushBuffer = pushBuffer
+        self.line = line
+        writesDirectly = line.writesDirectly && !timed
     }
 
     /// The socket path by PRODUCT.md's rule (`STOREBROKER_SOCKET`, `XDG_RUNTIME_DIR`, `/tmp/storebroker-UID`).
@@ -57,6 +65,13 @@ public final class BrokerConnection: Sendable {
         // process must not let the broker's handshake timeout run out on a connection it has opened).
         let loop = eventLoop ?? MultiThreadedEventLoopGroup.singleton.next()
         let established = loop.makePromise(of: Established.self)
+        // The socket is connected here when it can be at once: the request line keeps a descriptor of its own to
+        // write requests from the callers' threads, and the channel gets a duplicate to read from. Otherwise (a
+        // full backlog, an error to report) the channel connects, and every request goes through it.
+        let direct = RequestLine.connect(unixDomainSocketPath: socketPath)
+        let channelDescriptor = direct.map { dup($0) }
+        let line = RequestLine(descriptor: (channelDescriptor ?? -1) >= 0 ? direct! : -1)
+        if let direct, (channelDescriptor ?? -1) < 0 { Glibc.close(direct) }
         let channel: any Channel
         do {
             var bootstrap = ClientBootstrap(group: loop)
@@ -65,11 +80,15 @@ public final class BrokerConnection: Sendable {
                         try channel.pipeline.syncOperations.addHandler(
                             ClientHandler(
                                 clientName: clientName, requestTimeout: timeAmount, handshakeTimeout: handshakeTime,
-                                pushBuffer: pushBuffer, established: established))
+                                pushBuffer: pushBuffer, established: established, line: line))
                     }
                 }
             if let handshakeTime { bootstrap = bootstrap.connectTimeout(handshakeTime) }
-            channel = try await bootstrap.connect(unixDomainSocketPath: socketPath).get()
+            if let channelDescriptor, channelDescriptor >= 0 {
+                channel = try await bootstrap.withConnectedSocket(channelDescriptor).get()
+            } else {
+                channel = try await bootstrap.connect(unixDomainSocketPath: socketPath).get()
+            }
         } catch {
             established.fail(error)
             throw StoreBrokerError(
@@ -77,7 +96,8 @@ public final class BrokerConnection: Sendable {
         }
         do {
             let (welcome, handler) = try await established.futureResult.get()
-            return BrokerConnection(welcome: welcome, channel: channel, handler: handler, pushBuffer: pushBuffer)
+            return BrokerConnection(
+                welcome: welcome, channel: channel, handler: handler, pushBuffer: pushBuffer, line: line, timed: timeAmount != nil)
         } catch {
             try? await channel.close()
             throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
@@ -95,11 +115,15 @@ public final class BrokerConnection: Sendable {
     /// Sends `request` and returns its answer; an `error` answer is thrown as `refused`. The typed calls
     /// (`BrokerCalls.swift`) are the public way in.
     package func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
-        // One hop to the event loop (none for a task that prefers it as its executor), and the answer resumes
-        // the caller straight from the read that brought it: no future, no promise.
+        // The caller writes its request itself (or, with a timeout to arm, hops to the event loop), and the answer
+        // resumes it straight from the read that brought it: no future, no promise, no wake-up of the loop to send.
         let result = await withUnsafeContinuation { (continuation: Answer) in
             if channel.eventLoop.inEventLoop {
                 handler.value.send(request, continuation)
+            } else if writesDirectly {
+                if case .failure(let error) = line.send(request, .answer(continuation)) {
+                    continuation.resume(returning: .failure(error))
+                }
             } else {
                 channel.eventLoop.execute { [handler] in handler.value.send(request, continuation) }
             }
@@ -115,7 +139,7 @@ public final class BrokerConnection: Sendable {
     package func send(_ requests: [ClientMessage]) async throws(StoreBrokerError) -> [Result<ServerMessage, StoreBrokerError>] {
         let futures: [EventLoopFuture<ServerMessage>]
         do {
-            futures = try await channel.eventLoop.submit { [handler] in requests.map { handler.value.send($0) } }.get()
+            futures = try await channel.eventLoop.submit { [handler] in handler.value.send(requests) }.get()
         } catch {
             throw StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
         }
@@ -243,12 +267,12 @@ final class ClientHandler: ChannelInboundHandler {
     private var context: ChannelHandlerContext?
     /// Fulfilled by the broker's welcome; failed by anything that ends the connection before it.
     private var established: EventLoopPromise<BrokerConnection.Established>?
-    private var pending: [UInt32: Pending] = [:]
+    /// Ids, what waits for each answer, and the way requests reach the socket (shared with the callers).
+    let line: RequestLine
     /// Answers read in this read cycle, resumed at its end (`channelReadComplete`).
     private var answered: [(BrokerConnection.Answer, Result<ServerMessage, StoreBrokerError>)] = []
     private var streams: [UInt32: Sink] = [:]
     private let pushBuffer: Int
-    private var nextID: UInt32 = 1
     private var failure: StoreBrokerError?
     private let requestTimeout: TimeAmount?
     private let handshakeTimeout: TimeAmount?
@@ -257,13 +281,7 @@ final class ClientHandler: ChannelInboundHandler {
     private var unanswered = CircularBuffer<(id: UInt32, sent: NIODeadline, name: String)>()
     private var timer: Scheduled<Void>?
 
-    private enum Pending {
-        case answer(BrokerConnection.Answer)
-        case request(EventLoopPromise<ServerMessage>)
-        case subscribe(EventLoopPromise<BrokerSubscription>)
-        case subscribeDirect(EventLoopPromise<UInt32>, any PushReceiver)
-        case subscribeFollow(FollowSubscription)
-    }
+    private typealias Pending = RequestLine.Pending
 
     /// Where a subscription's pushes go: a bounded stream, or a receiver called at once.
     private enum Sink {
@@ -282,8 +300,9 @@ final class ClientHandler: ChannelInboundHandler {
 
     init(
         clientName: String, requestTimeout: TimeAmount?, handshakeTimeout: TimeAmount?, pushBuffer: Int,
-        established: EventLoopPromise<BrokerConnection.Established>
+        established: EventLoopPromise<BrokerConnection.Established>, line: RequestLine
     ) {
+        self.line = line
         self.pushBuffer = pushBuffer
         session = ClientSession(clientName: clientName)
         self.requestTimeout = requestTimeout
@@ -293,6 +312,15 @@ final class ClientHandler: ChannelInboundHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
+        line.attach { bytes in loop.eventLoop.execute { loop.value.writeHandedOver(bytes) } }
+    }
+
+    /// Bytes the line could not write to the socket at once: the channel writes them, in order.
+    private func writeHandedOver(_ bytes: ByteBuffer) {
+        guard let context else { return line.channelWrote() }
+        let line = line
+        context.writeAndFlush(wrapOutboundOut(bytes)).whenComplete { _ in line.channelWrote() }
     }
 
     /// The context holds this handler: keeping it past removal would be a cycle that outlives the connection.
@@ -340,7 +368,7 @@ final class ClientHandler: ChannelInboundHandler {
     /// Fails everything with `timedOut` once the oldest unanswered request is older than the timeout.
     private func watchOldest() {
         guard timer == nil, let requestTimeout, let context else { return }
-        while let oldest = unanswered.first, pending[oldest.id] == nil { unanswered.removeFirst() }
+        while let oldest = unanswered.first, !line.isPending(oldest.id) { unanswered.removeFirst() }
         guard let oldest = unanswered.first else { return }
         let deadline = oldest.sent + requestTimeout
         guard deadline > context.eventLoop.now else {
@@ -364,6 +392,26 @@ final class ClientHandler: ChannelInboundHandler {
         return promise.futureResult
     }
 
+    /// Several requests in one write (pipelined, in this order).
+    func send(_ requests: [ClientMessage]) -> [EventLoopFuture<ServerMessage>] {
+        guard let context else { return requests.map { _ in Self.closed() } }
+        let promises = requests.map { _ in context.eventLoop.makePromise(of: ServerMessage.self) }
+        if let failure {
+            for promise in promises { promise.fail(failure) }
+            return promises.map(\.futureResult)
+        }
+        let results = line.send(zip(requests, promises.map { Pending.request($0) }).map { ($0, $1) })
+        for (index, result) in results.enumerated() {
+            switch result {
+            case .failure(let error): promises[index].fail(error)
+            case .success(let id):
+                if requestTimeout != nil { unanswered.append((id, context.eventLoop.now, requests[index].type.name)) }
+            }
+        }
+        if requestTimeout != nil { watchOldest() }
+        return promises.map(\.futureResult)
+    }
+
     func subscribe(_ request: ClientMessage) -> EventLoopFuture<BrokerSubscription> {
         guard let context else { return Self.closed() }
         let promise = context.eventLoop.makePromise(of: BrokerSubscription.self)
@@ -380,20 +428,14 @@ final class ClientHandler: ChannelInboundHandler {
 
     private func write(_ request: ClientMessage, _ entry: Pending, fail: (StoreBrokerError) -> Void) {
         if let failure { return fail(failure) }
-        let id = nextID
-        nextID = nextID == UInt32.max ? 1 : nextID + 1
-        var out = ByteBuffer()
-        do {
-            try session.encode(request, id: id, into: &out)
-        } catch {
-            return fail(StoreBrokerError(.protocolViolation, code: error.code, error.message))
-        }
         guard let context else { return fail(StoreBrokerError(.connectionClosed, "the connection to the broker closed")) }
-        pending[id] = entry
-        context.writeAndFlush(wrapOutboundOut(out), promise: nil)
-        if requestTimeout != nil {
-            unanswered.append((id, context.eventLoop.now, request.type.name))
-            watchOldest()
+        switch line.send(request, entry) {
+        case .failure(let error): return fail(error)
+        case .success(let id):
+            if requestTimeout != nil {
+                unanswered.append((id, context.eventLoop.now, request.type.name))
+                watchOldest()
+            }
         }
     }
 
@@ -403,6 +445,7 @@ final class ClientHandler: ChannelInboundHandler {
         while let event = session.next(from: &input) {
             switch event {
             case .established(let welcome):
+                line.established(maxFrameLength: Int(welcome.maxFrameLength))
                 established?.succeed((welcome, NIOLoopBound(self, eventLoop: context.eventLoop)))
                 established = nil
             case .failed(let error):
@@ -462,8 +505,8 @@ final class ClientHandler: ChannelInboundHandler {
             }
             return
         }
-        guard let entry = pending.removeValue(forKey: id) else { return }
-        while let oldest = unanswered.first, pending[oldest.id] == nil { unanswered.removeFirst() }
+        guard let entry = line.answered(id) else { return }
+        while let oldest = unanswered.first, !line.isPending(oldest.id) { unanswered.removeFirst() }
         switch (entry, message) {
         case (.answer(let continuation), .error(let error)):
             answered.append((continuation, .failure(StoreBrokerError(.refused, code: error.code, error.message))))
@@ -544,9 +587,7 @@ final class ClientHandler: ChannelInboundHandler {
         unanswered.removeAll()
         established?.fail(error)
         established = nil
-        let entries = pending
-        pending = [:]
-        for entry in entries.values {
+        for entry in line.fail(error) {
             switch entry {
             case .answer(let continuation): continuation.resume(returning: .failure(error))
             case .request(let promise): promise.fail(error)
@@ -561,6 +602,7 @@ final class ClientHandler: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        line.close()
         fail(StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
         context.fireChannelInactive()
     }

@@ -1,0 +1,173 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Locking
+import NIOCore
+import Wire
+
+/// The one way a connection's requests reach the socket, from any thread, in the order of their ids, and
+/// the requests waiting for their answers.
+///
+/// A caller that is not on the connection's event loop writes its request to the socket itself (`send(2)` on a
+/// descriptor of the line's own, under the line's lock), so a request costs the event loop no wake-up: the
+/// loop only reads, and wakes once per answer, as a client written around one thread does. Bytes that do not
+/// fit in the socket go to the channel, and every later request after them, until the channel has written
+/// them: the frames never interleave and leave in id order.
+///
+/// Without a descriptor of its own (the socket could not be connected that way), every request goes through
+/// the channel, on the event loop.
+final class RequestLine: Sendable {
+    /// What a request is waiting with: resumed or completed on the event loop when its answer is read.
+    enum Pending {
+        case answer(BrokerConnection.Answer)
+        case request(EventLoopPromise<ServerMessage>)
+        case subscribe(EventLoopPromise<BrokerSubscription>)
+        case subscribeDirect(EventLoopPromise<UInt32>, any PushReceiver)
+        case subscribeFollow(FollowSubscription)
+    }
+
+    private struct State {
+        /// The line's own descriptor of the socket (the channel has another), -1 when it has none or it is closed.
+        var descriptor: CInt
+        /// Writes handed to the channel and not yet written: while any is, later ones follow the same way.
+        var queued = 0
+        var nextID: UInt32 = 1
+        var pending: [UInt32: Pending] = [:]
+        /// Set once the connection has failed: every later request fails with it.
+        var failure: StoreBrokerError?
+        /// The largest frame the broker accepts (from its welcome).
+        var maxFrameLength = WireProtocol.handshakeMaxFrameLength
+    }
+
+    private let state: Locked<State>
+    /// Hands bytes to the channel, on the event loop (set once the handler exists).
+    private let channelWriter = Locked<(@Sendable (ByteBuffer) -> Void)?>(nil)
+    /// Whether requests may be written from the caller's thread.
+    let writesDirectly: Bool
+
+    init(descriptor: CInt) {
+        state = Locked(State(descriptor: descriptor))
+        writesDirectly = descriptor >= 0
+    }
+
+    deinit {
+        state.withLock { state in
+            if state.descriptor >= 0 { Glibc.close(state.descriptor) }
+        }
+    }
+
+    /// How bytes reach the channel when the socket is full (or the line has no descriptor): called on the
+    /// event loop by the handler's writer; it must call `channelWrote()` once each is written or failed.
+    func attach(_ writer: @escaping @Sendable (ByteBuffer) -> Void) {
+        channelWriter.withLock { $0 = writer }
+    }
+
+    func established(maxFrameLength: Int) {
+        state.withLock { $0.maxFrameLength = maxFrameLength }
+    }
+
+    /// Registers `entry` under the next id and writes `request`; returns the id, or the failure (nothing was
+    /// registered or written).
+    func send(_ request: ClientMessage, _ entry: Pending) -> Result<UInt32, StoreBrokerError> {
+        send(CollectionOfOne((request, entry)))[0]
+    }
+
+    /// Registers and writes several requests back to back, in one write (pipelined, in this order); each gets
+    /// its id or its failure (a request that cannot be encoded fails alone).
+    func send(_ requests: some Collection<(ClientMessage, Pending)>) -> [Result<UInt32, StoreBrokerError>] {
+        let handOff = channelWriter.withLock { $0 }
+        return state.withLock { state -> [Result<UInt32, StoreBrokerError>] in
+            if let failure = state.failure { return requests.map { _ in .failure(failure) } }
+            var results: [Result<UInt32, StoreBrokerError>] = []
+            results.reserveCapacity(requests.count)
+            var registered: [UInt32] = []
+            var out = ByteBuffer()
+            for (request, entry) in requests {
+                let id = state.nextID
+                do throws(WireError) {
+                    try request.encode(id: id, maxFrameLength: state.maxFrameLength, into: &out)
+                } catch {
+                    results.append(.failure(StoreBrokerError(.protocolViolation, code: error.code, error.message)))
+                    continue
+                }
+                state.nextID = id == UInt32.max ? 1 : id + 1
+                state.pending[id] = entry
+                registered.append(id)
+                results.append(.success(id))
+            }
+            guard out.readableBytes > 0 else { return results }
+            if state.queued == 0, state.descriptor >= 0 {
+                let written = out.withUnsafeReadableBytes { bytes in
+                    Glibc.send(state.descriptor, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
+                }
+                if written == out.readableBytes { return results }
+                // The socket is full (or failing: the channel then finds out and fails what is pending).
+                if written > 0 { out.moveReaderIndex(forwardBy: written) }
+            }
+            guard let handOff else {
+                let closed = StoreBrokerError(.connectionClosed, "the connection to the broker closed")
+                for id in registered { state.pending[id] = nil }
+                return results.map { $0.flatMap { _ in .failure(closed) } }
+            }
+            state.queued += 1
+            handOff(out)
+            return results
+        }
+    }
+
+    /// A write handed to the channel is done (written or failed).
+    func channelWrote() {
+        state.withLock { $0.queued -= 1 }
+    }
+
+    /// The request `id` was answered: what waited for it (nil when nothing did).
+    func answered(_ id: UInt32) -> Pending? {
+        state.withLock { $0.pending.removeValue(forKey: id) }
+    }
+
+    func isPending(_ id: UInt32) -> Bool {
+        state.withLock { $0.pending[id] != nil }
+    }
+
+    /// The connection failed: later requests fail with `error`; returns what was waiting.
+    func fail(_ error: StoreBrokerError) -> [Pending] {
+        state.withLock { state in
+            if state.failure == nil { state.failure = error }
+            defer { state.pending = [:] }
+            return Array(state.pending.values)
+        }
+    }
+
+    /// The channel has closed: the line's descriptor closes too (nothing more is written through it).
+    func close() {
+        state.withLock { state in
+            if state.descriptor >= 0 { Glibc.close(state.descriptor) }
+            state.descriptor = -1
+        }
+    }
+
+    /// Connects a Unix socket without waiting (a connect that would wait, or fails, returns nil: the caller
+    /// then connects through the channel, which reports the error).
+    static func connect(unixDomainSocketPath path: String) -> CInt? {
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let capacity = MemoryLayout.size(ofValue: address.sun_path)
+        guard path.utf8.count < capacity else { return nil }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: path.utf8)
+            raw[path.utf8.count] = 0
+        }
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard descriptor >= 0 else { return nil }
+        let status = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard status == 0 else {
+            Glibc.close(descriptor)
+            return nil
+        }
+        return descriptor
+    }
+}
