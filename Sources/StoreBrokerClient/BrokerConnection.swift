@@ -69,7 +69,7 @@ public final class BrokerConnection: Sendable {
         // write requests from the callers' threads, and the channel gets a duplicate to read from. Otherwise (a
         // full backlog, an error to report) the channel connects, and every request goes through it.
         let direct = RequestLine.connect(unixDomainSocketPath: socketPath)
-        let channelDescriptor = direct.map { dup($0) }
+        let channelDescriptor = direct.map { fcntl($0, F_DUPFD_CLOEXEC, 0) }  // close-on-exec, as the original
         let line = RequestLine(descriptor: (channelDescriptor ?? -1) >= 0 ? direct! : -1)
         if let direct, (channelDescriptor ?? -1) < 0 { Glibc.close(direct) }
         let channel: any Channel

@@ -1,3 +1,4 @@
+import Foundation
 import StoreBrokerClient
 import StoreBrokerTesting
 import Testing
@@ -161,6 +162,34 @@ private func item(_ id: String) -> Item { Item(id: ItemID(id), payload: Payload(
                 #expect(String(buffer: record.payload.bytes) == #"{"p":"\#(payload(parts[0], parts[1]))"}"#, "item \(id)")
             }
             try await connection.ping()
+        }
+    }
+    /// A connection's descriptors (the request line's own and the channel's duplicate of it) are close-on-exec: a
+    /// process the app spawns does not inherit them and hold the connection open after the app closes it.
+    @Test func aConnectionsSocketsAreCloseOnExec() async throws {
+        /// Each socket descriptor of this process, by the socket it refers to.
+        func sockets() -> [Int32: String] {
+            let names = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+            var found: [Int32: String] = [:]
+            for descriptor in names.compactMap(Int32.init) {
+                let link = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(descriptor)")) ?? ""
+                if link.hasPrefix("socket:") { found[descriptor] = link }
+            }
+            return found
+        }
+        try await withTemporaryBroker(engine: "memory") { client in
+            let before = sockets()
+            let connection = try await BrokerConnection.connect(socketPath: client.socketPath, clientName: "cloexec")
+            try await connection.ping()
+            // A connection's two descriptors refer to one socket (other tests may open sockets meanwhile).
+            let opened = sockets().filter { before[$0.key] == nil }
+            let paired = Dictionary(grouping: opened.keys, by: { opened[$0]! }).values.filter { $0.count == 2 }.flatMap { $0 }
+            #expect(paired.count >= 2, "no socket with two new descriptors among \(opened)")
+            for descriptor in paired {
+                let flags = fcntl(descriptor, F_GETFD)
+                #expect(flags >= 0 && flags & FD_CLOEXEC != 0, "descriptor \(descriptor) is inherited by exec")
+            }
+            await connection.close()
         }
     }
 }
