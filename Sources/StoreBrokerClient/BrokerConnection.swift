@@ -68,10 +68,17 @@ public final class BrokerConnection: Sendable {
         // The socket is connected here when it can be at once: the request line keeps a descriptor of its own to
         // write requests from the callers' threads, and the channel gets a duplicate to read from. Otherwise (a
         // full backlog, an error to report) the channel connects, and every request goes through it.
-        let direct = RequestLine.connect(unixDomainSocketPath: socketPath)
-        let channelDescriptor = direct.map { fcntl($0, F_DUPFD_CLOEXEC, 0) }  // close-on-exec, as the original
-        let line = RequestLine(descriptor: (channelDescriptor ?? -1) >= 0 ? direct! : -1)
-        if let direct, (channelDescriptor ?? -1) < 0 { Glibc.close(direct) }
+        var lineDescriptor: CInt = -1
+        var channelDescriptor: CInt?
+        if let direct = RequestLine.connect(unixDomainSocketPath: socketPath) {
+            let duplicate = fcntl(direct, F_DUPFD_CLOEXEC, 0)  // close-on-exec, as the original
+            if duplicate >= 0 {
+                (lineDescriptor, channelDescriptor) = (direct, duplicate)
+            } else {
+                Glibc.close(direct)
+            }
+        }
+        let line = RequestLine(descriptor: lineDescriptor)
         let channel: any Channel
         do {
             var bootstrap = ClientBootstrap(group: loop)
@@ -84,7 +91,7 @@ public final class BrokerConnection: Sendable {
                     }
                 }
             if let handshakeTime { bootstrap = bootstrap.connectTimeout(handshakeTime) }
-            if let channelDescriptor, channelDescriptor >= 0 {
+            if let channelDescriptor {
                 channel = try await bootstrap.withConnectedSocket(channelDescriptor).get()
             } else {
                 channel = try await bootstrap.connect(unixDomainSocketPath: socketPath).get()
@@ -273,7 +280,6 @@ final class ClientHandler: ChannelInboundHandler {
     private var answered: [(BrokerConnection.Answer, Result<ServerMessage, StoreBrokerError>)] = []
     private var streams: [UInt32: Sink] = [:]
     private let pushBuffer: Int
-    private var failure: StoreBrokerError?
     private let requestTimeout: TimeAmount?
     private let handshakeTimeout: TimeAmount?
     /// With a timeout: the unanswered requests, oldest first (answers come in request order), and the one timer
@@ -396,10 +402,6 @@ final class ClientHandler: ChannelInboundHandler {
     func send(_ requests: [ClientMessage]) -> [EventLoopFuture<ServerMessage>] {
         guard let context else { return requests.map { _ in Self.closed() } }
         let promises = requests.map { _ in context.eventLoop.makePromise(of: ServerMessage.self) }
-        if let failure {
-            for promise in promises { promise.fail(failure) }
-            return promises.map(\.futureResult)
-        }
         let results = line.send(zip(requests, promises.map { Pending.request($0) }).map { ($0, $1) })
         for (index, result) in results.enumerated() {
             switch result {
@@ -427,7 +429,6 @@ final class ClientHandler: ChannelInboundHandler {
     }
 
     private func write(_ request: ClientMessage, _ entry: Pending, fail: (StoreBrokerError) -> Void) {
-        if let failure { return fail(failure) }
         guard let context else { return fail(StoreBrokerError(.connectionClosed, "the connection to the broker closed")) }
         switch line.send(request, entry) {
         case .failure(let error): return fail(error)
@@ -581,7 +582,6 @@ final class ClientHandler: ChannelInboundHandler {
 
     private func fail(_ error: StoreBrokerError) {
         resumeAnswered()
-        if failure == nil { failure = error }
         timer?.cancel()
         timer = nil
         unanswered.removeAll()

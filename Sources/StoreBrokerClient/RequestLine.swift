@@ -37,11 +37,11 @@ final class RequestLine: Sendable {
         var failure: StoreBrokerError?
         /// The largest frame the broker accepts (from its welcome).
         var maxFrameLength = WireProtocol.handshakeMaxFrameLength
+        /// Hands bytes to the channel, on the event loop (set once the handler exists).
+        var channelWriter: (@Sendable (ByteBuffer) -> Void)?
     }
 
     private let state: Locked<State>
-    /// Hands bytes to the channel, on the event loop (set once the handler exists).
-    private let channelWriter = Locked<(@Sendable (ByteBuffer) -> Void)?>(nil)
     /// Whether requests may be written from the caller's thread.
     let writesDirectly: Bool
 
@@ -59,7 +59,7 @@ final class RequestLine: Sendable {
     /// How bytes reach the channel when the socket is full (or the line has no descriptor): called on the
     /// event loop by the handler's writer; it must call `channelWrote()` once each is written or failed.
     func attach(_ writer: @escaping @Sendable (ByteBuffer) -> Void) {
-        channelWriter.withLock { $0 = writer }
+        state.withLock { $0.channelWriter = writer }
     }
 
     func established(maxFrameLength: Int) {
@@ -75,8 +75,7 @@ final class RequestLine: Sendable {
     /// Registers and writes several requests back to back, in one write (pipelined, in this order); each gets
     /// its id or its failure (a request that cannot be encoded fails alone).
     func send(_ requests: some Collection<(ClientMessage, Pending)>) -> [Result<UInt32, StoreBrokerError>] {
-        let handOff = channelWriter.withLock { $0 }
-        return state.withLock { state -> [Result<UInt32, StoreBrokerError>] in
+        state.withLock { state -> [Result<UInt32, StoreBrokerError>] in
             if let failure = state.failure { return requests.map { _ in .failure(failure) } }
             var results: [Result<UInt32, StoreBrokerError>] = []
             results.reserveCapacity(requests.count)
@@ -104,7 +103,7 @@ final class RequestLine: Sendable {
                 // The socket is full (or failing: the channel then finds out and fails what is pending).
                 if written > 0 { out.moveReaderIndex(forwardBy: written) }
             }
-            guard let handOff else {
+            guard let handOff = state.channelWriter else {
                 let closed = StoreBrokerError(.connectionClosed, "the connection to the broker closed")
                 for id in registered { state.pending[id] = nil }
                 return results.map { $0.flatMap { _ in .failure(closed) } }
