@@ -174,13 +174,14 @@ class Bench:
             their_values = [values[metric] for values in collected["theirs"] if metric in values] if theirs else []
             self.add(name, our_values, their_values, unit, better, counterpart)
 
-    def add(self, name, our_values, their_values, unit, better, counterpart):
+    def add(self, name, our_values, their_values, unit, better, counterpart, ratio=None):
+        """A row: the medians of both sides and their ratio (or `ratio`, the median of paired rounds' ratios)."""
         row = {"row": name, "unit": unit, "better": better, "counterpart": counterpart,
                "ours": statistics.median(our_values), "ours_runs": our_values}
         if their_values:
             row["theirs"] = statistics.median(their_values)
             row["theirs_runs"] = their_values
-            row["ratio"] = row["ours"] / row["theirs"] if row["theirs"] else None
+            row["ratio"] = ratio if ratio is not None else (row["ours"] / row["theirs"] if row["theirs"] else None)
         self.rows.append(row)
 
     # --- the workloads ---
@@ -288,30 +289,44 @@ class Bench:
                 self.pair(f"durable {synchronous} {label}", ours, theirs, metrics)
 
     def library(self):
-        def both():
+        # Paired rounds on one daemon: the load generator, then each shape of the library, 1,000 sequential
+        # inserts each, again and again; a shape's ratio is the median of its rounds' ratios (each against the
+        # generator's round beside it), so the machine's drift between rounds (an idle core's wake-up costs
+        # 20-140 µs here from minute to minute) moves both sides of a ratio alike.
+        shapes = [("connection", "BrokerConnection insert p50 (memory)"),
+                  ("remotestore", "RemoteStore.insert p50 (memory)"),
+                  ("remotestore_executor", "RemoteStore.insert p50, task on client.executor (memory)")]
+        rounds = {name: [] for name, _ in shapes}
+        generator, generator_cpu, mirrors = [], [], []
+        for _ in range(self.runs):
             broker = Broker(self.work, self.bin, engine="memory")
             try:
-                generator = self.ours(broker.socket, "-t", "insert", "-c", "1", "-d", "200", "-r", "100000",
-                                      "-n", str(self.n(5000, 2000)))["insert"]
-                out = run([os.path.join(self.bin, "broker-bench"), "--library", broker.socket])
-                values = {k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())}
-                values["generator_p50"] = generator["p50"]
-                return values
+                for _ in range(self.n(5, 2)):
+                    result = subprocess.run([os.path.join(self.bin, "storebroker-benchmark"), "-s", broker.socket,
+                                             "--csv", "-t", "insert", "-c", "1", "-d", "200", "-r", "100000", "-n",
+                                             "1000"], capture_output=True, text=True, timeout=900, check=True)
+                    generator.append(csv_rows(result.stdout)["insert"]["p50"])
+                    generator_cpu.append(float(re.search(r"client CPU ([0-9.]+)", result.stderr).group(1)))
+                    out = run([os.path.join(self.bin, "broker-bench"), "--library", broker.socket,
+                               "--shapes", "connection,remotestore,executor", "--count", "1000"])
+                    values = {k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())}
+                    for name, _ in shapes:
+                        rounds[name].append({key: values[f"{name}_{key}"] for key in ["p50_us", "cpu_us", "switches"]})
+                out = run([os.path.join(self.bin, "broker-bench"), "--library", broker.socket, "--shapes", "mirror"])
+                mirrors.append({k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())})
             finally:
                 broker.stop()
-
-        runs = [both() for _ in range(self.runs)]
         log("  library: done")
-        generator = [r["generator_p50"] for r in runs]
-        self.add("BrokerConnection insert p50 (memory)", [r["connection_p50_us"] for r in runs], generator, "µs",
-                 "lower", "load generator insert p50")
-        self.add("RemoteStore.insert p50 (memory)", [r["remotestore_p50_us"] for r in runs], generator, "µs",
-                 "lower", "load generator insert p50")
-        self.add("RemoteStore.insert p50, task on client.executor (memory)",
-                 [r["remotestore_executor_p50_us"] for r in runs], generator, "µs", "lower", "load generator insert p50")
+        for name, row in shapes:
+            p50s = [r["p50_us"] for r in rounds[name]]
+            self.add(row, p50s, generator, "µs", "lower", "load generator insert p50 (paired rounds)",
+                     ratio=statistics.median(ours / theirs for ours, theirs in zip(p50s, generator)))
+            self.rows[-1]["client"] = (f"client {statistics.median(r['cpu_us'] for r in rounds[name]):.0f} µs CPU and "
+                                       f"{statistics.median(r['switches'] for r in rounds[name]):.1f} context switches "
+                                       f"per insert; the generator {statistics.median(generator_cpu):.0f} µs CPU")
         # An event applied to a 100,000-item mirror costs what it changes: the same rate as a 100-item mirror's.
         self.add("RemoteStore mirror of 100,000 items: events applied/s",
-                 [r["mirror_100000_events_per_s"] for r in runs], [r["mirror_100_events_per_s"] for r in runs],
+                 [r["mirror_100000_events_per_s"] for r in mirrors], [r["mirror_100_events_per_s"] for r in mirrors],
                  "/s", "higher", "a 100-item mirror")
 
     def four_writers(self):
@@ -548,7 +563,8 @@ def table(rows):
         theirs = fmt(row.get("theirs"), row["unit"])
         if spread(row.get("theirs_runs", []), row["unit"]):
             theirs += f" ({spread(row['theirs_runs'], row['unit'])})"
-        lines.append(f"| {row['row']} | {ours} | {row['counterpart']} | {theirs} | {ratio_text} |")
+        name = row["row"] + (f" ({row['client']})" if "client" in row else "")
+        lines.append(f"| {name} | {ours} | {row['counterpart']} | {theirs} | {ratio_text} |")
     return "\n".join(lines)
 
 

@@ -13,6 +13,10 @@ struct Options {
     var dbusBurst = false
     /// `--library SOCKET`: sequential insert latency through BrokerConnection and RemoteStore on a running daemon.
     var librarySocket: String?
+    /// `--shapes connection,remotestore,executor,mirror` (the default: all): which of --library's measurements run.
+    var libraryShapes: Set<String> = ["connection", "remotestore", "executor", "mirror"]
+    /// `--count N`: sequential inserts per --library shape.
+    var libraryCount = 2000
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -22,8 +26,10 @@ struct Options {
             case "--engine": engines = (iterator.next() ?? "").split(separator: ",").map(String.init)
             case "--dbus-burst": dbusBurst = true
             case "--library": librarySocket = iterator.next()
+            case "--shapes": libraryShapes = Set((iterator.next() ?? "").split(separator: ",").map(String.init))
+            case "--count": libraryCount = Int(iterator.next() ?? "") ?? libraryCount
             default:
-                FileHandle.standardError.write(Data("usage: broker-bench [--runs N] [--engine sqlite,memory] [--dbus-burst] [--library SOCKET]\n".utf8))
+                FileHandle.standardError.write(Data("usage: broker-bench [--runs N] [--engine sqlite,memory] [--dbus-burst] [--library SOCKET [--shapes connection,remotestore,executor,mirror] [--count N]]\n".utf8))
                 exit(64)
             }
         }
@@ -264,45 +270,65 @@ struct Note: Codable, Identifiable, Sendable {
     var text: String
 }
 
-/// 2,000 sequential inserts of one 200-byte item through BrokerConnection, then through RemoteStore.insert (which
-/// also waits for its mirror to show the write): p50 and p99 of each, in µs, one "name value" per line.
-func libraryLatency(socket: String) async throws {
+/// What this process used: CPU seconds (user + system, every thread) and context switches (voluntary and not).
+func processUsage() -> (cpu: Double, switches: Int) {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    let cpu = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+    return (cpu, usage.ru_nvcsw + usage.ru_nivcsw)
+}
+
+/// Times `count` sequential calls of `insert(n)` (after 100 untimed ones, with negative `n`); prints `NAME_p50_us`, `NAME_p99_us`, and this process's CPU
+/// (`NAME_cpu_us`) and context switches (`NAME_switches`) per insert.
+func measureInserts(_ name: String, count: Int, _ insert: (Int) async throws -> Void) async rethrows {
+    for n in 0..<100 { try await insert(-1 - n) }  // warm up: the connection, the mirror's load, lazy metadata
     let clock = ContinuousClock()
-    let connection = try await BrokerConnection.connect(socketPath: socket, clientName: "broker-bench")
     var latencies: [Double] = []
-    for n in 0..<2000 {
+    latencies.reserveCapacity(count)
+    let before = processUsage()
+    for n in 0..<count {
         let start = clock.now
-        _ = try await connection.send(.insert(.init(store: "library-connection", items: [item("\(n)", bytes: 200)])))
+        try await insert(n)
         latencies.append(seconds(clock.now - start))
     }
-    print("connection_p50_us \(median(latencies) * 1e6)")
-    print("connection_p99_us \(percentile(latencies, 0.99) * 1e6)")
-    await connection.close()
+    let after = processUsage()
+    print("\(name)_p50_us \(median(latencies) * 1e6)")
+    print("\(name)_p99_us \(percentile(latencies, 0.99) * 1e6)")
+    print("\(name)_cpu_us \((after.cpu - before.cpu) * 1e6 / Double(count))")
+    print("\(name)_switches \(Double(after.switches - before.switches) / Double(count))")
+}
+
+/// 2,000 sequential inserts of one 200-byte item through BrokerConnection, then through RemoteStore.insert (which
+/// also waits for its mirror to show the write), from an ordinary task and from one on the client's executor;
+/// one "name value" per line (see measureInserts).
+func libraryLatency(socket: String, shapes: Set<String>, count: Int) async throws {
+    if shapes.contains("connection") {
+        let connection = try await BrokerConnection.connect(socketPath: socket, clientName: "broker-bench")
+        try await measureInserts("connection", count: count) { n in
+            _ = try await connection.send(.insert(.init(store: "library-connection", items: [item("\(n)", bytes: 200)])))
+        }
+        await connection.close()
+    }
     let client = BrokerClient(socketPath: socket, clientName: "broker-bench")
     let store = RemoteStore<Note>(client: client, name: "library-store")
-    latencies = []
     let text = String(repeating: "x", count: 180)
-    for n in 0..<2000 {
-        let start = clock.now
-        try await store.insert(Note(id: "\(n)", text: text))
-        latencies.append(seconds(clock.now - start))
+    if shapes.contains("remotestore") {
+        try await measureInserts("remotestore", count: count) { n in try await store.insert(Note(id: "\(n)", text: text)) }
     }
-    print("remotestore_p50_us \(median(latencies) * 1e6)")
-    print("remotestore_p99_us \(percentile(latencies, 0.99) * 1e6)")
-    // The same from a task that prefers the client's executor: no hand-off between threads per request.
-    latencies = try await withTaskExecutorPreference(client.executor) { () async throws -> [Double] in
-        var latencies: [Double] = []
-        for n in 2000..<4000 {
-            let start = clock.now
-            try await store.insert(Note(id: "\(n)", text: text))
-            latencies.append(seconds(clock.now - start))
+    if shapes.contains("executor") {
+        // The same from a task that prefers the client's executor: no hand-off between threads per request.
+        try await withTaskExecutorPreference(client.executor) {
+            try await measureInserts("remotestore_executor", count: count) { n in
+                try await store.insert(Note(id: "e\(n)", text: text))
+            }
         }
-        return latencies
     }
-    print("remotestore_executor_p50_us \(median(latencies) * 1e6)")
+    store.close()
     await client.close()
-    for size in [100, 100_000] {
-        print("mirror_\(size)_events_per_s \(try await mirrorApplyRate(socket: socket, size: size))")
+    if shapes.contains("mirror") {
+        for size in [100, 100_000] {
+            print("mirror_\(size)_events_per_s \(try await mirrorApplyRate(socket: socket, size: size))")
+        }
     }
 }
 
@@ -339,7 +365,7 @@ func mirrorApplyRate(socket: String, size: Int) async throws -> Double {
 
 let options = Options(Array(CommandLine.arguments.dropFirst()))
 if let socket = options.librarySocket {
-    try await libraryLatency(socket: socket)
+    try await libraryLatency(socket: socket, shapes: options.libraryShapes, count: options.libraryCount)
     exit(0)
 }
 if options.dbusBurst {

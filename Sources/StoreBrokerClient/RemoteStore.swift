@@ -48,6 +48,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     private let follower = Locked<Task<Void, Never>?>(nil)
     private let registrar = ObservationRegistrar()
     private let coding = MirrorCoding()
+    private let written = WrittenValues<Item>()
     // The observed properties' key paths, made once: a key path into a generic class is instantiated at run
     // time (its pattern demangled) each time the expression runs, 13% of the client's time per insert when the
     // mirror made them per event.
@@ -234,22 +235,24 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
                 events = [StoreEvent(operation: .loaded, items: mirror.items(), sequence: at.sequence)]
             }
         case .storeEvent(let event):
-            var decoded: [[Item]] = []
+            // Each step's items, decoded outside the lock; what this process wrote is taken as it was written.
+            let ownWrites = written.snapshot()
+            var decoded: [Item] = []
             for step in event.steps {
-                if case .insert(let records) = step {
-                    var items: [Item] = []
-                    items.reserveCapacity(records.count)
-                    for record in records { items.append(try decode(record)) }
-                    decoded.append(items)
-                } else {
-                    decoded.append([])
+                guard case .insert(let records) = step else { continue }
+                decoded.reserveCapacity(decoded.count + records.count)
+                for record in records {
+                    if let item = ownWrites.value(for: record.payload) { decoded.append(item) } else { decoded.append(try decode(record)) }
                 }
             }
             mutate(loadState: false) { mirror in
-                for (step, items) in zip(event.steps, decoded) {
+                var next = 0  // the first item of the next insert step in `decoded`
+                for step in event.steps {
                     switch step {
                     case .insert(let records):
-                        for (record, item) in zip(records, items) { mirror.table.put(record.id.string, item) }
+                        let items = Array(decoded[next..<next + records.count])
+                        for index in records.indices { mirror.table.put(records[index].id.string, items[index]) }
+                        next += records.count
                         events.append(StoreEvent(operation: .insert, items: items, sequence: event.sequence))
                     case .remove(let ids):
                         let removed = ids.compactMap { mirror.table.remove($0.string) }
@@ -308,6 +311,9 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     // MARK: Writing
 
+    /// Items of writes in flight the mirror holds as written (for tests: 0 once every write is shown).
+    var writesInFlight: Int { written.count }
+
     private func payload(_ item: Item) throws(StoreBrokerError) -> StoreModel.Item {
         do {
             return StoreModel.Item(id: ItemID(identifier(item)), payload: try coding.encode(item))
@@ -317,8 +323,17 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     }
 
     /// Sends a write; returns the store's sequence after it once the mirror has the commit (or has stopped, or
-    /// lost the broker: the write is committed all the same).
-    fileprivate func write(_ steps: [ChainStep], expecting: UInt64?) async throws(StoreBrokerError) -> UInt64 {
+    /// lost the broker: the write is committed all the same). `values` are the items of the insert steps, in
+    /// their order: the mirror takes them as they are when the commit comes back, instead of decoding them.
+    fileprivate func write(_ steps: [ChainStep], values: [Item], expecting: UInt64?) async throws(StoreBrokerError) -> UInt64 {
+        var payloads: [Payload] = []
+        payloads.reserveCapacity(values.count)
+        for step in steps {
+            guard case .insert(let records) = step else { continue }
+            for record in records { payloads.append(record.payload) }
+        }
+        written.note(payloads, values)
+        defer { written.forget(payloads) }
         let operation: WriteOperation
         switch steps.count {
         case 0: return sequence
@@ -342,7 +357,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// sequence after the write.
     @discardableResult
     public func insert(_ item: Item, expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
-        try await write([.insert(items: [try payload(item)])], expecting: sequence)
+        try await write([.insert(items: [try payload(item)])], values: [item], expecting: sequence)
     }
 
     /// Inserts items in one commit (the first occurrence of an id fixes its position, the last one wins).
@@ -351,7 +366,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         var records: [StoreModel.Item] = []
         records.reserveCapacity(items.count)
         for item in items { records.append(try payload(item)) }
-        return try await write(records.isEmpty ? [] : [.insert(items: records)], expecting: sequence)
+        return try await write(records.isEmpty ? [] : [.insert(items: records)], values: items, expecting: sequence)
     }
 
     @discardableResult
@@ -371,12 +386,12 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     @discardableResult
     public func remove(ids: [String], expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
-        try await write(ids.isEmpty ? [] : [.remove(ids: ids.map { ItemID($0) })], expecting: sequence)
+        try await write(ids.isEmpty ? [] : [.remove(ids: ids.map { ItemID($0) })], values: [], expecting: sequence)
     }
 
     @discardableResult
     public func removeAll(expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
-        try await write([.removeAll], expecting: sequence)
+        try await write([.removeAll], values: [], expecting: sequence)
     }
 
     // MARK: Chains
@@ -392,6 +407,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     public struct Chain: Sendable {
         fileprivate let store: RemoteStore
         fileprivate var steps: [ChainStep] = []
+        fileprivate var values: [Item] = []  // the inserted items, in the order of their steps
 
         public func insert(_ item: Item) throws(StoreBrokerError) -> Chain { try insert([item]) }
 
@@ -400,6 +416,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
             var records: [StoreModel.Item] = []
             for item in items { records.append(try store.payload(item)) }
             next.steps.append(.insert(items: records))
+            next.values += items
             return next
         }
 
@@ -423,7 +440,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         /// the store's sequence after it.
         @discardableResult
         public func run(expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
-            try await store.write(steps, expecting: sequence)
+            try await store.write(steps, values: values, expecting: sequence)
         }
     }
 }

@@ -30,6 +30,7 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
         var nextStream: UInt64 = 0
     }
 
+    private let written = WrittenValues<Value>()
     private var what: String { namespace == .secureValue ? "secure value \(name)" : "value \(name)" }
 
     init(client: BrokerClient, namespace: Namespace, name: String) {
@@ -81,7 +82,9 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
         state.withLock { $0.isLoaded ? .resume(epoch: $0.epoch, sequence: $0.sequence) : .snapshot }
     }
 
+    /// The value these bytes hold: as this process wrote it when a write of it is in flight, else decoded.
     func decode(_ payload: Payload) throws(StoreBrokerError) -> Value {
+        if let value = written.snapshot().value(for: payload) { return value }
         do {
             return try coding.decode(Value.self, from: payload)
         } catch {
@@ -183,6 +186,9 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
     @discardableResult
     func write(_ value: Value?, condition: Condition = .unconditional) async throws(StoreBrokerError) -> UInt64 {
         let payload = try value.map(encode)
+        let payloads = payload.map { [$0] } ?? []
+        if let payload, let value { written.note([payload], [value]) }
+        defer { written.forget(payloads) }
         let result = try await client.connection().setValue(name, in: namespace, to: payload, condition: condition)
         guard result.committed else { return result.sequence }
         try? await state.waitUntilReached("\(what) to show a write", epoch: result.epoch, sequence: result.sequence)

@@ -1,5 +1,5 @@
 import Foundation
-import StoreBrokerClient
+@testable import StoreBrokerClient
 import StoreBrokerTesting
 import Testing
 import Wire
@@ -187,4 +187,35 @@ private final class EventLog: Sendable {
         await client.close()
         await broker.remove()
     }
+
+    /// A mirror takes the items this process wrote as it wrote them when the commit comes back with the bytes it
+    /// sent (no JSON decoding of its own writes), and decodes what others wrote. A type whose encoding leaves a
+    /// field out shows which: the writer's mirror keeps the field, another process's decodes its default.
+    @Test func aMirrorKeepsItsOwnWritesAsWrittenAndDecodesOthers() async throws {
+        try await withTemporaryBroker { client in
+            let store = try await RemoteStore<Draft>(client: client, loading: "drafts")
+            try await store.insert(Draft(id: "a", text: "one", unsaved: 1))
+            try await store.insert([Draft(id: "b", text: "two", unsaved: 2), Draft(id: "c", text: "three", unsaved: 3)])
+            try await store.chain().remove(id: "a").insert(Draft(id: "d", text: "four", unsaved: 4)).removeAll()
+                .insert([Draft(id: "e", text: "five", unsaved: 5), Draft(id: "f", text: "six", unsaved: 6)]).run()
+            #expect(store.items.map(\.unsaved) == [5, 6])
+            #expect(store.writesInFlight == 0)  // nothing kept once the writes are shown
+            let other = try await RemoteStore<Draft>(client: BrokerClient(socketPath: client.socketPath), loading: "drafts")
+            #expect(other.items.map(\.unsaved) == [0, 0])
+            try await other.insert(Draft(id: "g", text: "seven", unsaved: 7))
+            try await store.waitUntilSeen(sequence: other.sequence)
+            #expect(store.items.map(\.unsaved) == [5, 6, 0])
+            #expect(store.writesInFlight == 0 && other.writesInFlight == 0)
+            await other.client.close()
+        }
+    }
+}
+
+/// An item whose JSON leaves out `unsaved` (decoded as 0).
+struct Draft: Codable, Sendable, Identifiable, Equatable {
+    var id: String
+    var text: String
+    var unsaved = 0
+
+    enum CodingKeys: String, CodingKey { case id, text }
 }

@@ -95,6 +95,25 @@ import Wire
             #expect(token.value == nil)
         }
     }
+
+    /// As a store's mirror (RemoteStoreBehaviour): a value this process sets is kept as it was set, what another
+    /// process sets is decoded (a field the encoding leaves out shows which), secure values alike.
+    @Test func aValueKeepsItsOwnWritesAsWrittenAndDecodesOthers() async throws {
+        try await withTemporaryBroker { client in
+            let draft = try await RemoteValue(client: client, loading: "draft", default: Draft(id: "", text: ""))
+            let otherClient = BrokerClient(socketPath: client.socketPath)
+            let other = try await RemoteValue(client: otherClient, loading: "draft", default: Draft(id: "", text: ""))
+            try await draft.set(Draft(id: "1", text: "one", unsaved: 1))
+            #expect(draft.value.unsaved == 1)
+            try await other.waitUntilSeen(sequence: draft.sequence)
+            #expect(other.value == Draft(id: "1", text: "one", unsaved: 0))
+            let secret = RemoteSecureValue<Draft>(client: client, key: "secret-draft")
+            try await secret.valueHasLoaded()
+            try await secret.set(Draft(id: "2", text: "two", unsaved: 2))
+            #expect(secret.value?.unsaved == 2)
+            await otherClient.close()
+        }
+    }
 }
 
 final class Collected<T: Sendable>: @unchecked Sendable {
