@@ -85,7 +85,7 @@ let package = Package(
         // Helpers for engines written in Swift; linked into each engine library, never into the host.
         .target(name: "StorageEngineKit", dependencies: ["CStorageEngine", "OrderedStorage", "ErrorShape"]),
         .target(
-            name: "MemoryEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "OrderedStorage"],
+            name: "MemoryEngine", dependencies: ["StorageEngineKit", "CStorageEngine"],
             path: "Sources/Engines/memory"),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .target(
