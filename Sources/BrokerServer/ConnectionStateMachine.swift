@@ -53,6 +53,8 @@ struct ConnectionStateMachine {
         case closeWhenWritten
     }
 
+    private static let answerCapacity = 512
+
     private struct Slot {
         var id: UInt32
         var answer: ByteBuffer?
@@ -532,7 +534,9 @@ struct ConnectionStateMachine {
         guard slot >= base, slot - base < UInt64(slots.count) else { return }  // the connection went away
         let index = Int(slot - base)
         let id = slots[index].id
-        var out = ByteBuffer()
+        // Room for most answers at once: an empty buffer grows by doubling from the frame header's 16 bytes, four
+        // or five reallocations for a one-item answer (5% of the daemon's time under pipelined gets).
+        var out = ByteBufferAllocator().buffer(capacity: Self.answerCapacity)
         switch result {
         case .success(let message):
             do {
