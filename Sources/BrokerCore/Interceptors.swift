@@ -134,9 +134,14 @@ public protocol RequestInterceptor: Sendable {
     func observe(
         _ command: BrokerCommand, context: RequestContext, outcome: Result<BrokerAnswer, BrokerError>,
         duration: Duration)
+    /// Whether `observe` does anything: read once, when the broker is built. When no interceptor observes, a
+    /// request's answer goes straight to its connection (no clock read, no closure around it). Defaults to true.
+    var observesOutcomes: Bool { get }
 }
 
 extension RequestInterceptor {
+    public var observesOutcomes: Bool { true }
+
     public func observe(
         _ command: BrokerCommand, context: RequestContext, outcome: Result<BrokerAnswer, BrokerError>,
         duration: Duration
@@ -147,6 +152,7 @@ extension RequestInterceptor {
 /// where they are not read-only, and never reaches secure values.
 public struct AccessInterceptor: RequestInterceptor {
     public let name = "access"
+    public var observesOutcomes: Bool { false }
     public init() {}
 
     public func check(_ command: BrokerCommand, context: RequestContext) -> BrokerError? {
@@ -181,6 +187,7 @@ public struct AccessInterceptor: RequestInterceptor {
 /// refuses a frame over the limit from its header.)
 public struct LimitsInterceptor: RequestInterceptor {
     public let name = "limits"
+    public var observesOutcomes: Bool { false }
     public let maxItemLength: Int
     public let maxBatch: Int
 
@@ -283,6 +290,8 @@ public struct LimitsInterceptor: RequestInterceptor {
 public struct RequestLogInterceptor: RequestInterceptor {
     public let name = "log"
     public let logger: Logger
+    /// Only at `--log-level debug`, where it logs a line per request.
+    public var observesOutcomes: Bool { logger.logLevel <= .debug }
 
     public init(logger: Logger) {
         self.logger = logger
