@@ -20,9 +20,14 @@ public enum HandOffs {
         defer {
             held.depth -= 1
             if held.depth == 0, !held.handOffs.isEmpty {
-                let handOffs = held.handOffs
-                held.handOffs.removeAll(keepingCapacity: true)
+                // Taken out whole and the spare put in its place (a copy emptied with `keepingCapacity` would
+                // allocate a new buffer, the old one being still shared); run, emptied, kept as the next spare.
+                var handOffs: [() -> Void] = []
+                swap(&handOffs, &held.handOffs)
+                swap(&held.handOffs, &held.spare)
                 for handOff in handOffs { handOff() }
+                handOffs.removeAll(keepingCapacity: true)
+                held.spare = handOffs
             }
         }
         return body()
@@ -38,6 +43,7 @@ public enum HandOffs {
     private final class Held {
         var depth = 0
         var handOffs: [() -> Void] = []
+        var spare: [() -> Void] = []
 
         static let key: pthread_key_t = {
             var key = pthread_key_t()

@@ -39,10 +39,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private var pending = Deque<ConnectionStateMachine.Action>()
     /// The writes started by the actions being performed, handed to the broker once they are done.
     private var writes: [BrokerRequest] = []
+    private var spareWrites: [BrokerRequest] = []
     private let inbox = AnswerInbox()
     /// Answers taken into the machine together, as one event, once the actions are done: write answers given
     /// on this loop while actions were being performed (a commit made on the event loop), and the inbox's.
     private var answeredHere: [AnswerInbox.Answer] = []
+    private var spareAnswers: [AnswerInbox.Answer] = []
     /// Whether subscriptions have pushes waiting that the actions being performed have not taken yet (taken
     /// before `answeredHere`, so that a commit's event precedes its answer).
     private var pushesHere = false
@@ -116,7 +118,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
         machine = nil
         pending = []
         writes = []
+        spareWrites = []
         answeredHere = []
+        spareAnswers = []
         pushesHere = false
         pendingBytes = 0
         gathered = .none
@@ -214,11 +218,15 @@ final class ConnectionHandler: ChannelDuplexHandler {
             if !writes.isEmpty {
                 // A write refused at once (an interceptor) or committed on this loop answers here, into
                 // `answeredHere`: go round again.
-                // The arrays are handed on and begun again at the size they reached: a pipelined connection
-                // does not regrow them from one element every read cycle.
-                let batch = writes
-                writes.removeAll(keepingCapacity: true)
+                // The array is handed on whole and a spare takes its place; emptied after, it is the next spare: a
+                // pipelined connection neither regrows them from one element every read cycle nor allocates a new
+                // one (a copy emptied with `keepingCapacity` would, its buffer being still shared).
+                var batch: [BrokerRequest] = []
+                swap(&batch, &writes)
+                swap(&writes, &spareWrites)
                 broker.handle(batch, context: requestContext)
+                batch.removeAll(keepingCapacity: true)
+                spareWrites = batch
                 continue
             }
             if pushesHere {
@@ -227,9 +235,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 continue
             }
             if !answeredHere.isEmpty {
-                let answers = answeredHere
-                answeredHere.removeAll(keepingCapacity: true)
+                var answers: [AnswerInbox.Answer] = []
+                swap(&answers, &answeredHere)
+                swap(&answeredHere, &spareAnswers)
                 event { $0.answered(answers, io: $1) }
+                answers.removeAll(keepingCapacity: true)
+                spareAnswers = answers
                 continue
             }
             if let context {
