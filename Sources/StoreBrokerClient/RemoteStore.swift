@@ -32,8 +32,8 @@ public struct StoreEvent<Item: Sendable>: Sendable {
 /// `items` is a local mirror kept current by a subscription; writes go to the broker, which is their only
 /// writer, and return once the mirror has caught up with them, so a process reads its own writes. Items are
 /// JSON (`JSONEncoder`); `cacheIdentifier` gives each its id. The mirror keeps the items this process wrote as
-/// they were written (their commit is not decoded back); other processes' items are decoded. `items`, `loadState` and `sequence` are
-/// observable (the Observation framework: `withObservationTracking`, SwiftUI).
+/// they were written (their commit is not decoded back); other processes' items are decoded. `items`,
+/// `loadState` and `sequence` are observable (the Observation framework: `withObservationTracking`, SwiftUI).
 ///
 /// ```swift
 /// let notes = try await RemoteStore<Note>(client: client, loading: "notes")   // returns once loaded
