@@ -2,8 +2,9 @@
 # Is this commit slower than an earlier one? Builds the daemon (release) at COMMIT and at HEAD, then runs the
 # two side by side, alternating, ROUNDS times: each time a fresh memory-engine daemon on a temporary socket
 # and the same load generator (HEAD's storebroker-benchmark) with insert and get at four client shapes.
-# Prints each row's mean and min–max per side and the ratio of the means; a row is slower than before beyond
-# its spread only when after's best is under before's worst. Needs a clean working tree (it checks COMMIT
+# Prints each row's mean and min–max per side and the ratio of the means, for requests per second and for the
+# daemon's CPU per request (read from /proc: steadier on a noisy VM); a row is slower than before beyond its
+# spread only when after's best is worse than before's worst. Needs a clean working tree (it checks COMMIT
 # out in place, for an incremental build, and comes back).
 #
 #   ./scripts/bench-ab.sh COMMIT [ROUNDS]        (ROUNDS defaults to 5; about 40 s per round)
@@ -50,9 +51,16 @@ for round in $(seq 1 "$rounds"); do
         pid=$!
         for _ in $(seq 1 200); do [ -S "$run/s.sock" ] && break; sleep 0.05; done
         for shape in "-c 1 -P 1 -n 30000" "-c 1 -P 16 -n 200000" "-c 50 -P 1 -n 100000" "-c 50 -P 16 -n 200000"; do
-            # shellcheck disable=SC2086
-            "$work/storebroker-benchmark" -s "$run/s.sock" --csv -t insert,get $shape -d 200 -r 100000 \
-                | { grep -v '^"test"' || true; } | sed "s/^/$side,${shape// /_},/" >>"$results"
+            for test in insert get; do
+                # The daemon's CPU (user + system ticks, /proc) over the requests: on a noisy VM a steadier
+                # figure than requests per second, which moves with every wake-up of an idle core.
+                ticks_before=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+                # shellcheck disable=SC2086
+                line=$("$work/storebroker-benchmark" -s "$run/s.sock" --csv -t $test $shape -d 200 -r 100000 \
+                    | { grep -v '^"test"' || true; })
+                ticks_after=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+                echo "$side,${shape// /_},$line,$((ticks_after - ticks_before))" >>"$results"
+            done
         done
         kill "$pid"
         wait "$pid" 2>/dev/null || true
@@ -61,16 +69,31 @@ for round in $(seq 1 "$rounds"); do
     echo "round $round of $rounds done" >&2
 done
 
-python3 - "$results" "$before_commit" <<'EOF'
+python3 - "$results" "$before_commit" "$(getconf CLK_TCK)" <<'EOF'
 import csv, sys
-rows = {}
-for side, shape, test, rps, *_ in csv.reader(open(sys.argv[1])):
-    rows.setdefault((test, shape.split("_-n")[0].replace("_", " ")), {}).setdefault(side, []).append(float(rps))
-print(f"requests per second, daemon at {sys.argv[2][:10]} (before) and HEAD (after), memory engine, -d 200 -r 100000")
-print(f"{'test':7} {'clients':16} {'before mean (min-max)':28} {'after mean (min-max)':28} {'after/before':>12}  beyond spread?")
-for (test, shape), sides in sorted(rows.items()):
-    b, a = sides["before"], sides["after"]
-    mb, ma = sum(b) / len(b), sum(a) / len(a)
-    slower = "SLOWER" if max(a) < min(b) else ("faster" if min(a) > max(b) else "no")
-    print(f"{test:7} {shape:16} {mb:10.0f} ({min(b):.0f}-{max(b):.0f}){'':3} {ma:10.0f} ({min(a):.0f}-{max(a):.0f}){'':3} {ma / mb:12.2f}  {slower}")
+rows, cpu = {}, {}
+for side, shape, test, rps, *rest in csv.reader(open(sys.argv[1])):
+    if not test:  # the load generator printed nothing for this run
+        continue
+    key = (test, shape.split("_-n")[0].replace("_", " "))
+    requests = int(shape.split("_-n_")[1])
+    rows.setdefault(key, {}).setdefault(side, []).append(float(rps))
+    cpu.setdefault(key, {}).setdefault(side, []).append(int(rest[-1]) * 1e6 / int(sys.argv[3]) / requests)
+
+def table(title, data, unit_format, lower_is_better):
+    print(title)
+    print(f"{'test':7} {'clients':16} {'before mean (min-max)':28} {'after mean (min-max)':28} {'after/before':>12}  beyond spread?")
+    for (test, shape), sides in sorted(data.items()):
+        b, a = sides["before"], sides["after"]
+        mb, ma = sum(b) / len(b), sum(a) / len(a)
+        worse, better = (min(a) > max(b), max(a) < min(b)) if lower_is_better else (max(a) < min(b), min(a) > max(b))
+        verdict = "SLOWER" if worse else ("faster" if better else "no")
+        cells = [f"{unit_format(m)} ({unit_format(min(v))}-{unit_format(max(v))})" for m, v in ((mb, b), (ma, a))]
+        print(f"{test:7} {shape:16} {cells[0]:28} {cells[1]:28} {ma / mb:12.2f}  {verdict}")
+
+table(f"requests per second, daemon at {sys.argv[2][:10]} (before) and HEAD (after), memory engine, -d 200 -r 100000",
+      rows, lambda v: f"{v:.0f}", lower_is_better=False)
+print()
+table("the daemon's CPU per request (us, user + system from /proc), same runs", cpu, lambda v: f"{v:.2f}",
+      lower_is_better=True)
 EOF
