@@ -294,6 +294,7 @@ class Bench:
         # generator's round beside it), so the machine's drift between rounds (an idle core's wake-up costs
         # 20-140 µs here from minute to minute) moves both sides of a ratio alike.
         shapes = [("connection", "BrokerConnection insert p50 (memory)"),
+                  ("client_executor", "BrokerClient.send insert p50, task on client.executor, no JSON or mirror (memory)"),
                   ("remotestore", "RemoteStore.insert p50 (memory)"),
                   ("remotestore_executor", "RemoteStore.insert p50, task on client.executor (memory)")]
         rounds = {name: [] for name, _ in shapes}
@@ -308,7 +309,7 @@ class Bench:
                     generator.append(csv_rows(result.stdout)["insert"]["p50"])
                     generator_cpu.append(float(re.search(r"client CPU ([0-9.]+)", result.stderr).group(1)))
                     out = run([os.path.join(self.bin, "broker-bench"), "--library", broker.socket,
-                               "--shapes", "connection,remotestore,executor", "--count", "1000"])
+                               "--shapes", "connection,client_executor,remotestore,executor", "--count", "1000"])
                     values = {k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())}
                     for name, _ in shapes:
                         rounds[name].append({key: values[f"{name}_{key}"] for key in ["p50_us", "cpu_us", "switches"]})

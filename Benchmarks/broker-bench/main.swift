@@ -13,8 +13,9 @@ struct Options {
     var dbusBurst = false
     /// `--library SOCKET`: sequential insert latency through BrokerConnection and RemoteStore on a running daemon.
     var librarySocket: String?
-    /// `--shapes connection,remotestore,executor,mirror` (the default: all): which of --library's measurements run.
-    var libraryShapes: Set<String> = ["connection", "remotestore", "executor", "mirror"]
+    /// `--shapes connection,client_executor,remotestore,executor,mirror` (the default: all): which of --library's
+    /// measurements run.
+    var libraryShapes: Set<String> = ["connection", "client_executor", "remotestore", "executor", "mirror"]
     /// `--count N`: sequential inserts per --library shape.
     var libraryCount = 2000
 
@@ -29,7 +30,7 @@ struct Options {
             case "--shapes": libraryShapes = Set((iterator.next() ?? "").split(separator: ",").map(String.init))
             case "--count": libraryCount = Int(iterator.next() ?? "") ?? libraryCount
             default:
-                FileHandle.standardError.write(Data("usage: broker-bench [--runs N] [--engine sqlite,memory] [--dbus-burst] [--library SOCKET [--shapes connection,remotestore,executor,mirror] [--count N]]\n".utf8))
+                FileHandle.standardError.write(Data("usage: broker-bench [--runs N] [--engine sqlite,memory] [--dbus-burst] [--library SOCKET [--shapes connection,client_executor,remotestore,executor,mirror] [--count N]]\n".utf8))
                 exit(64)
             }
         }
@@ -310,6 +311,14 @@ func libraryLatency(socket: String, shapes: Set<String>, count: Int) async throw
         await connection.close()
     }
     let client = BrokerClient(socketPath: socket, clientName: "broker-bench")
+    if shapes.contains("client_executor") {
+        // The connection's own cost without JSON or a mirror: raw inserts from a task on the client's executor.
+        try await withTaskExecutorPreference(client.executor) {
+            try await measureInserts("client_executor", count: count) { n in
+                _ = try await client.send(.insert(.init(store: "library-raw", items: [item("\(n)", bytes: 200)])))
+            }
+        }
+    }
     let store = RemoteStore<Note>(client: client, name: "library-store")
     let text = String(repeating: "x", count: 180)
     if shapes.contains("remotestore") {
