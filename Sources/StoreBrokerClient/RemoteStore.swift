@@ -247,24 +247,29 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
                 }
             }
             mutate(loadState: false) { mirror in
+                // Events are made only for the streams there are (a mirror nobody streams makes none).
+                let streamed = !mirror.streams.isEmpty
                 var next = 0  // the first item of the next insert step in `decoded`
                 for step in event.steps {
                     switch step {
                     case .insert(let records):
-                        let items = Array(decoded[next..<next + records.count])
-                        for index in records.indices { mirror.table.put(records[index].id.string, items[index]) }
+                        for index in records.indices { mirror.table.put(records[index].id.string, decoded[next + index]) }
+                        if streamed {
+                            let items = Array(decoded[next..<next + records.count])
+                            events.append(StoreEvent(operation: .insert, items: items, sequence: event.sequence))
+                        }
                         next += records.count
-                        events.append(StoreEvent(operation: .insert, items: items, sequence: event.sequence))
                     case .remove(let ids):
-                        let removed = ids.compactMap { mirror.table.remove($0.string) }
-                        events.append(StoreEvent(operation: .remove, items: removed, sequence: event.sequence))
+                        var removed: [Item] = []
+                        for id in ids { if let item = mirror.table.remove(id.string) { removed.append(item) } }
+                        if streamed { events.append(StoreEvent(operation: .remove, items: removed, sequence: event.sequence)) }
                     }
                 }
                 mirror.array = nil
                 mirror.epoch = event.epoch
                 mirror.sequence = event.sequence
                 released = mirror.waiters.advance(to: mirror.position)
-                streams = Array(mirror.streams.values)
+                if streamed { streams = Array(mirror.streams.values) }
             }
         case .dropped:
             mutate(loadState: false) { mirror in
