@@ -126,6 +126,7 @@ private func item(_ id: String) -> Item { Item(id: ItemID(id), payload: Payload(
             #expect(commit.sequence == 2 && commit.steps.count == 2)
         }
     }
+
     /// Callers write their requests to the socket themselves; a request larger than the socket's buffer goes
     /// on through the connection's channel, and every request after it follows that way until it is out. Many
     /// tasks at once, large and small requests mixed: every request arrives whole, each answer reaches its own
@@ -164,6 +165,7 @@ private func item(_ id: String) -> Item { Item(id: ItemID(id), payload: Payload(
             try await connection.ping()
         }
     }
+
     /// A connection's descriptors (the request line's own and the channel's duplicate of it) are close-on-exec: a
     /// process the app spawns does not inherit them and hold the connection open after the app closes it.
     @Test func aConnectionsSocketsAreCloseOnExec() async throws {
