@@ -38,9 +38,10 @@ class Work:
     def path(self, name):
         return os.path.join(self.directory, name)
 
-    def spawn(self, arguments, log_name):
+    def spawn(self, arguments, log_name, cpu=None):
         out = open(self.path(log_name), "ab")
-        process = subprocess.Popen(arguments, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(arguments, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=pinned(cpu) if cpu is not None else None)
         self.processes.append(process)
         return process
 
@@ -92,7 +93,7 @@ class Redis:
 class Broker:
     """storebrokerd (release) on a fresh socket and data directory."""
 
-    def __init__(self, work, bin_dir, engine="memory", options=(), dbus=None, data=None, keep=False):
+    def __init__(self, work, bin_dir, engine="memory", options=(), dbus=None, data=None, keep=False, cpu=None):
         self.work = work
         self.bin = bin_dir
         self.socket = work.path("broker.sock")
@@ -107,7 +108,7 @@ class Broker:
             arguments += ["--engine-option", option]
         arguments += ["--dbus-address", dbus] if dbus else ["--no-dbus"]
         self.started = time.monotonic()
-        self.process = work.spawn(arguments, "broker.log")
+        self.process = work.spawn(arguments, "broker.log", cpu=cpu)
         wait_for_socket(self.socket, self.process, "storebrokerd")
 
     def rss_bytes(self):
@@ -133,8 +134,13 @@ def csv_rows(text):
     return rows
 
 
-def run(arguments, timeout=900):
-    result = subprocess.run(arguments, capture_output=True, text=True, timeout=timeout)
+def pinned(cpu):
+    """A `preexec_fn` that keeps a child process (and every thread it starts) on one core."""
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
+def run(arguments, timeout=900, preexec_fn=None):
+    result = subprocess.run(arguments, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(arguments[:6])}... failed ({result.returncode}): {result.stderr[-800:]}")
     return result.stdout
@@ -291,40 +297,57 @@ class Bench:
     def library(self):
         # Paired rounds on one daemon: the load generator, then each shape of the library, 1,000 sequential
         # inserts each, again and again; a shape's ratio is the median of its rounds' ratios (each against the
-        # generator's round beside it), so the machine's drift between rounds (an idle core's wake-up costs
-        # 20-140 µs here from minute to minute) moves both sides of a ratio alike.
-        shapes = [("connection", "BrokerConnection insert p50 (memory)"),
-                  ("client_executor", "BrokerClient.send insert p50, task on client.executor, no JSON or mirror (memory)"),
-                  ("remotestore", "RemoteStore.insert p50 (memory)"),
-                  ("remotestore_executor", "RemoteStore.insert p50, task on client.executor (memory)")]
-        rounds = {name: [] for name, _ in shapes}
-        generator, generator_cpu, mirrors = [], [], []
+        # generator's round beside it), so the machine's drift between rounds moves both sides of a ratio alike.
+        # The daemon is pinned to one core, and each round runs the generator and the library both on that core
+        # and both on another: where the kernel puts a client decides its latency more than the client does (in
+        # this project's VM a wake-up across cores cost 70-100 µs, on the same core a few), and left to itself
+        # it put the one-threaded generator beside the daemon and the library's threads away from it.
+        shapes = [("connection", "BrokerConnection insert p50"),
+                  ("client_executor", "BrokerClient.send insert p50, task on client.executor, no JSON or mirror"),
+                  ("remotestore", "RemoteStore.insert p50"),
+                  ("remotestore_executor", "RemoteStore.insert p50, task on client.executor")]
+        cpus = sorted(os.sched_getaffinity(0))
+        placements = [("client on the daemon's core", cpus[0])]
+        if len(cpus) > 1:
+            placements.append(("client on another core", cpus[1]))
+        rounds = {(name, place): [] for name, _ in shapes for place, _ in placements}
+        generator = {place: [] for place, _ in placements}
+        generator_cpu = {place: [] for place, _ in placements}
+        mirrors = []
         for _ in range(self.runs):
-            broker = Broker(self.work, self.bin, engine="memory")
+            broker = Broker(self.work, self.bin, engine="memory", cpu=cpus[0])
             try:
                 for _ in range(self.n(5, 2)):
-                    result = subprocess.run([os.path.join(self.bin, "storebroker-benchmark"), "-s", broker.socket,
-                                             "--csv", "-t", "insert", "-c", "1", "-d", "200", "-r", "100000", "-n",
-                                             "1000"], capture_output=True, text=True, timeout=900, check=True)
-                    generator.append(csv_rows(result.stdout)["insert"]["p50"])
-                    generator_cpu.append(float(re.search(r"client CPU ([0-9.]+)", result.stderr).group(1)))
-                    out = run([os.path.join(self.bin, "broker-bench"), "--library", broker.socket,
-                               "--shapes", "connection,client_executor,remotestore,executor", "--count", "1000"])
-                    values = {k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())}
-                    for name, _ in shapes:
-                        rounds[name].append({key: values[f"{name}_{key}"] for key in ["p50_us", "cpu_us", "switches"]})
+                    for place, cpu in placements:
+                        pin = pinned(cpu)
+                        result = subprocess.run([os.path.join(self.bin, "storebroker-benchmark"), "-s", broker.socket,
+                                                 "--csv", "-t", "insert", "-c", "1", "-d", "200", "-r", "100000", "-n",
+                                                 "1000"], capture_output=True, text=True, timeout=900, check=True,
+                                                preexec_fn=pin)
+                        generator[place].append(csv_rows(result.stdout)["insert"]["p50"])
+                        generator_cpu[place].append(float(re.search(r"client CPU ([0-9.]+)", result.stderr).group(1)))
+                        out = run([os.path.join(self.bin, "broker-bench"), "--library", broker.socket, "--shapes",
+                                   "connection,client_executor,remotestore,executor", "--count", "1000"], preexec_fn=pin)
+                        values = {k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())}
+                        for name, _ in shapes:
+                            rounds[(name, place)].append(
+                                {key: values[f"{name}_{key}"] for key in ["p50_us", "cpu_us", "switches"]})
                 out = run([os.path.join(self.bin, "broker-bench"), "--library", broker.socket, "--shapes", "mirror"])
                 mirrors.append({k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())})
             finally:
                 broker.stop()
         log("  library: done")
-        for name, row in shapes:
-            p50s = [r["p50_us"] for r in rounds[name]]
-            self.add(row, p50s, generator, "µs", "lower", "load generator insert p50 (paired rounds)",
-                     ratio=statistics.median(ours / theirs for ours, theirs in zip(p50s, generator)))
-            self.rows[-1]["client"] = (f"client {statistics.median(r['cpu_us'] for r in rounds[name]):.0f} µs CPU and "
-                                       f"{statistics.median(r['switches'] for r in rounds[name]):.1f} context switches "
-                                       f"per insert; the generator {statistics.median(generator_cpu):.0f} µs CPU")
+        for place, _ in placements:
+            for name, row in shapes:
+                measured = rounds[(name, place)]
+                p50s = [r["p50_us"] for r in measured]
+                self.add(f"{row} (memory; {place})", p50s, generator[place], "µs", "lower",
+                         "load generator insert p50 (paired rounds, same placement)",
+                         ratio=statistics.median(ours / theirs for ours, theirs in zip(p50s, generator[place])))
+                self.rows[-1]["client"] = (
+                    f"client {statistics.median(r['cpu_us'] for r in measured):.0f} µs CPU and "
+                    f"{statistics.median(r['switches'] for r in measured):.1f} context switches per insert; "
+                    f"the generator {statistics.median(generator_cpu[place]):.0f} µs CPU")
         # An event applied to a 100,000-item mirror costs what it changes: the same rate as a 100-item mirror's.
         self.add("RemoteStore mirror of 100,000 items: events applied/s",
                  [r["mirror_100000_events_per_s"] for r in mirrors], [r["mirror_100_events_per_s"] for r in mirrors],
