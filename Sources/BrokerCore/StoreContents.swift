@@ -130,11 +130,11 @@ public struct StoreContents: Sendable {
 
     /// When the item was created, if the store holds it: a lookup that copies nothing out.
     public func createdAt(_ id: ItemID) -> UInt64? {
-        table.entry(hash: id.tableHash, matching: { $0.hasID(id) })?.1.createdAt
+        table.value(hash: id.tableHash, matching: { $0.hasID(id) })?.createdAt
     }
 
     public func contains(_ id: ItemID) -> Bool {
-        table.entry(hash: id.tableHash, matching: { $0.hasID(id) }) != nil
+        table.contains(hash: id.tableHash, matching: { $0.hasID(id) })
     }
 
     /// Every record, in store order.

@@ -79,7 +79,18 @@ final class WriterPool: @unchecked Sendable {
         pthread_detach(thread)
     }
 
+    /// Names the calling thread, or it keeps the name of the event loop that started it and profiles cannot tell
+    /// them apart. (`pthread_setname_np` is not visible to Swift through Glibc; `/proc/thread-self/comm` is the
+    /// same name.) Best effort: nothing depends on it.
+    private static func nameThisThread(_ name: String) {
+        let descriptor = open("/proc/thread-self/comm", O_WRONLY)
+        guard descriptor >= 0 else { return }
+        _ = name.utf8CString.withUnsafeBufferPointer { write(descriptor, $0.baseAddress, $0.count - 1) }
+        close(descriptor)
+    }
+
     private func serve() {
+        Self.nameThisThread("sb-writer")
         pthread_mutex_lock(mutex)
         while true {
             while jobs.isEmpty, !stopping {

@@ -111,6 +111,20 @@ public struct OrderedTable<Key: TableKey, Value> {
         return slots[Self.slot(self.bucket(at: bucket))]
     }
 
+    /// The value of the key with `hash` that `matches` accepts, read in place: the key is not copied out (for a
+    /// key holding a reference, `entry` costs a retain and a release).
+    @inlinable
+    public func value(hash: Int, matching matches: (Key) -> Bool) -> Value? {
+        guard let bucket = find(hash: hash, matching: matches).found else { return nil }
+        return slots.withUnsafeBufferPointer { $0[Self.slot(self.bucket(at: bucket))]?.value }
+    }
+
+    /// Whether a key with `hash` that `matches` accepts is present.
+    @inlinable
+    public func contains(hash: Int, matching matches: (Key) -> Bool) -> Bool {
+        find(hash: hash, matching: matches).found != nil
+    }
+
     /// Removes the pair whose key has `hash` and is accepted by `matches`; returns it.
     @discardableResult
     @inlinable
