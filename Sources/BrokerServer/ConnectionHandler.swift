@@ -203,7 +203,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private func perform(_ actions: consuming [ConnectionStateMachine.Action]) {
         var actions = actions
         for action in actions {
-            if case .write(let bytes) = action { pendingBytes += bytes.readableBytes }
+            pendingBytes += action.outputBytes
             pending.append(action)
         }
         machine?.recycle(&actions)
@@ -280,6 +280,29 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
     }
 
+    /// A push's frames with this connection's subscription id: copied into the turn's buffer with the id set
+    /// when short (one copy, where a copy per frame and then into the buffer were two), else re-headed frames
+    /// whose payloads stay shared with the other subscribers.
+    private func gatherPush(_ bytes: ByteBuffer, subscriptionID: UInt32, _ context: ChannelHandlerContext) {
+        guard bytes.readableBytes < Self.gatherLimit else {
+            bytes.forEachFrame(withID: subscriptionID) { gather($0, context) }
+            return
+        }
+        var buffer: ByteBuffer
+        switch gathered {
+        case .none:
+            buffer = context.channel.allocator.buffer(capacity: max(4096, 4 * bytes.readableBytes))
+        case .one(let first):
+            buffer = context.channel.allocator.buffer(capacity: max(4096, 4 * (first.readableBytes + bytes.readableBytes)))
+            buffer.writeImmutableBuffer(first)
+        case .many(let existing):
+            gathered = .none  // the buffer's only reference while it grows
+            buffer = existing
+        }
+        bytes.writeFrames(withID: subscriptionID, into: &buffer)
+        gathered = .many(buffer)
+    }
+
     private func writeGathered(_ context: ChannelHandlerContext) {
         switch gathered {
         case .none: return
@@ -296,6 +319,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
             pendingBytes -= bytes.readableBytes
             writtenSinceSnapshot += bytes.readableBytes
             gather(bytes, context)
+        case .writePush(let bytes, let subscriptionID):
+            pendingBytes -= bytes.readableBytes
+            writtenSinceSnapshot += bytes.readableBytes
+            gatherPush(bytes, subscriptionID: subscriptionID, context)
         case .flush:
             needsFlush = true
         case .read:

@@ -31,6 +31,9 @@ struct ConnectionStateMachine {
     enum Action {
         /// Write these bytes (an answer, a push, `welcome`); `flush` follows.
         case write(ByteBuffer)
+        /// Write these frames of a push (encoded once for every subscriber, with id 0) with this subscription id;
+        /// `flush` follows.
+        case writePush(ByteBuffer, subscriptionID: UInt32)
         case flush
         /// Ask the channel for more bytes.
         case read
@@ -51,6 +54,14 @@ struct ConnectionStateMachine {
         case closeAfter(ByteBuffer)
         /// Close once everything written so far is out.
         case closeWhenWritten
+
+        /// The bytes this action puts on the socket (`write` and `writePush`; 0 for the others).
+        var outputBytes: Int {
+            switch self {
+            case .write(let bytes), .writePush(let bytes, _): bytes.readableBytes
+            default: 0
+            }
+        }
     }
 
     private static let answerCapacity = 512
@@ -340,7 +351,7 @@ struct ConnectionStateMachine {
     }
 
     private mutating func emit(_ action: Action) {
-        if case .write(let bytes) = action { emitted += bytes.readableBytes }
+        emitted += action.outputBytes
         actions.append(action)
     }
 
@@ -597,7 +608,8 @@ struct ConnectionStateMachine {
                     // Encoded once for every subscriber of the commit (with id 0); each connection writes the
                     // frames with its own subscription id.
                     let encoded = shared.encoded { push in
-                        var out = ByteBuffer()
+                        // Room for a small event at once (an empty buffer grows from 16 bytes by doubling).
+                        var out = ByteBufferAllocator().buffer(capacity: Self.answerCapacity)
                         do throws(WireError) {
                             try push.message.encode(id: 0, maxFrameLength: configuration.limits.maxFrameLength, into: &out)
                         } catch {
@@ -617,7 +629,7 @@ struct ConnectionStateMachine {
                         wrote = true
                         break pushing
                     }
-                    encoded.forEachFrame(withID: subscriptionID) { emit(.write($0)) }
+                    emit(.writePush(encoded, subscriptionID: subscriptionID))
                     wrote = true
                 }
             }

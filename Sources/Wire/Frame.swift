@@ -160,6 +160,21 @@ public struct FrameToMessageDecoder: NIOSingleStepByteToMessageDecoder {
 }
 
 extension ByteBuffer {
+    /// Appends the frames in these bytes (whole frames, encoded with any id) to `out` as frames with `id`: one
+    /// copy of all of them, the ids set in `out`. The way to gather a shared push into a connection's output when
+    /// it is short; `forEachFrame(withID:_:)` shares the payloads of long ones instead.
+    public func writeFrames(withID id: UInt32, into out: inout ByteBuffer) {
+        var frameStart = out.writerIndex
+        out.writeImmutableBuffer(self)
+        while out.writerIndex - frameStart >= WireProtocol.headerLength,
+            let payloadLength = out.getInteger(at: frameStart, as: UInt32.self),
+            out.writerIndex - frameStart >= WireProtocol.headerLength + Int(payloadLength)
+        {
+            out.setInteger(id, at: frameStart + 8)
+            frameStart += WireProtocol.headerLength + Int(payloadLength)
+        }
+    }
+
     /// Hands out the frames in these bytes (whole frames, encoded with any id) as frames with `id`: a short frame
     /// copied with its id set, a long one as a new header and its payload shared, not copied. This is how one
     /// encoding of a push serves every subscriber.

@@ -45,6 +45,7 @@ import Wire
             for action in actions {
                 switch action {
                 case .write(let bytes): outbound.add(bytes)
+                case .writePush(let bytes, let id): bytes.forEachFrame(withID: id) { outbound.add($0) }
                 case .start(let slot, let command, _): starts.append((slot, command))
                 default: break
                 }

@@ -3,8 +3,9 @@ import Testing
 import Wire
 
 /// One encoding of a push serves every subscriber: `forEachFrame(withID:)` hands out its frames with another
-/// subscription id (short frames copied, long ones as a new header and the shared payload), and what comes out
-/// decodes to the same message with that id, whether it spans one frame or many.
+/// subscription id (short frames copied, long ones as a new header and the shared payload), `writeFrames(withID:
+/// into:)` appends them so to a buffer, and what comes out decodes to the same message with that id, whether it
+/// spans one frame or many.
 @Suite struct SharedFramesTests {
     static func event(items: Int, payloadLength: Int) -> ServerMessage {
         let records = (0..<items).map { n in
@@ -37,6 +38,11 @@ import Wire
                 stream.writeBuffer(&piece)
             }
             #expect(stream.readableBytes == shared.readableBytes)
+            // Gathered into a buffer that already holds something: the same bytes after it.
+            var gathered = ByteBuffer(bytes: [1, 2, 3])
+            shared.writeFrames(withID: id, into: &gathered)
+            #expect(gathered.readBytes(length: 3) == [1, 2, 3])
+            #expect(gathered == stream)
             let decoder = FrameDecoder(maxFrameLength: 8192)
             var assembler = ServerMessageAssembler()
             var decoded: ServerMessage?
