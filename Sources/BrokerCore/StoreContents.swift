@@ -130,7 +130,20 @@ public struct StoreContents: Sendable {
 
     /// When the item was created, if the store holds it: a lookup that copies nothing out.
     public func createdAt(_ id: ItemID) -> UInt64? {
-        table.value(hash: id.tableHash, matching: { $0.hasID(id) })?.createdAt
+        createdAt(id, hash: id.tableHash)
+    }
+
+    /// `createdAt(_:)` with the id's `tableHash` already known.
+    func createdAt(_ id: ItemID, hash: Int) -> UInt64? {
+        table.value(hash: hash, matching: { $0.hasID(id) })?.createdAt
+    }
+
+    /// Brings the index's memory for these ids' hashes into the cache ahead of their lookups (see
+    /// `OrderedTable.touch(hash:)`); returns what it read, for the caller to keep.
+    func touch(hashes: [Int]) -> UInt64 {
+        var read: UInt64 = 0
+        for hash in hashes { read ^= table.touch(hash: hash) }
+        return read
     }
 
     public func contains(_ id: ItemID) -> Bool {

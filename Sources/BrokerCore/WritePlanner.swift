@@ -40,11 +40,14 @@ struct WritePlanner {
     }
 
     /// When `id` was created, if it is present after the requests planned so far.
-    private func createdAt(_ id: ItemID) -> UInt64? {
+    private func createdAt(_ id: ItemID, hash: Int? = nil) -> UInt64? {
         if !overlay.isEmpty, let touched = overlay[id] { return touched.record?.createdAt }
         if baseCleared || (!hidden.isEmpty && hidden.contains(id)) { return nil }
-        return base.createdAt(id)
+        return base.createdAt(id, hash: hash ?? id.tableHash)
     }
+
+    /// What touching the index ahead of a batch's lookups read (kept so the reads are not optimized away).
+    private var touched: UInt64 = 0
 
     /// Every id present after the requests planned so far, in store order.
     private func currentIDs() -> [ItemID] {
@@ -80,29 +83,33 @@ struct WritePlanner {
     }
 
     /// In one batch the first occurrence of an id fixes its position and the last payload wins. Each id is
-    /// hashed once to find repeats, once per table that may hold it (the overlay, the committed contents), and
-    /// once more when `remember` records it for the requests planned after this one.
+    /// hashed once for finding repeats and the committed contents (`tableHash`), once more for the overlay when
+    /// there is one, and once more when `remember` records it for the requests planned after this one.
     private mutating func insert(
         _ items: [Item], now: UInt64, remember: Bool, into events: inout [EventStep]
     ) {
         guard !items.isEmpty else { return }
         var records: [ItemRecord] = []
         records.reserveCapacity(items.count)
-        var positions: [ItemID: Int] = [:]
-        if items.count > 1 { positions.reserveCapacity(items.count) }
         let firstStep = engineSteps.count
         engineSteps.reserveCapacity(firstStep + items.count)
         if remember { overlay.reserveCapacity(overlay.count + items.count) }
-        for item in items {
+        // Each id hashed once, for finding repeats and for the committed contents' index; and, for a batch, the
+        // index's buckets read for all ids first, so that their cache misses overlap (a batch into a large store
+        // spent most of its lookups waiting for memory, one miss after another).
+        let hashes = items.count > 1 ? items.map { $0.id.tableHash } : []
+        if items.count > 1, !baseCleared { touched ^= base.touch(hashes: hashes) }
+        var seen = items.count > 1 ? FirstSeen(capacity: items.count) : nil
+        for (index, item) in items.enumerated() {
             let (payload, key) = Self.kept(item)
-            if items.count > 1, let earlier = positions.updateValue(records.count, forKey: item.id) {
-                positions[item.id] = earlier
+            let hash = items.count > 1 ? hashes[index] : item.id.tableHash
+            if let earlier = seen?.earlier(hash: hash, id: item.id, in: records, adding: records.count) {
                 records[earlier].payload = payload
                 engineSteps[firstStep + earlier] = .put(Self.engineRecord(records[earlier], key: key))
                 if remember { overlay[item.id]?.record = records[earlier] }
                 continue
             }
-            let existing = createdAt(item.id)
+            let existing = createdAt(item.id, hash: hash)
             let record = ItemRecord(id: item.id, createdAt: existing ?? now, updatedAt: now, payload: payload)
             records.append(record)
             engineSteps.append(.put(Self.engineRecord(record, key: key)))
@@ -169,7 +176,7 @@ struct WritePlanner {
         switch (events.last, step) {
         case (.insert(let previous)?, .insert(let records)):
             // Merge only when no id repeats, so the event still says exactly what happened in order.
-            let seen = Set(previous.map(\.id))
+            let seen = Set(previous.map { $0.id })
             if records.allSatisfy({ !seen.contains($0.id) }) {
                 events[events.count - 1] = .insert(records: previous + records)
                 return
@@ -180,6 +187,38 @@ struct WritePlanner {
         default: break
         }
         events.append(step)
+    }
+}
+
+/// The first record of each id in one insert: an open-addressed index of positions in the records, by the ids'
+/// hashes (already computed for the committed contents' index), where a `Dictionary<ItemID, Int>` hashed every
+/// id a second time.
+private struct FirstSeen {
+    /// Each bucket: the hash's low 32 bits and the position + 1 (0: empty).
+    private var buckets: [UInt64]
+    private let mask: Int
+
+    init(capacity: Int) {
+        var count = 16
+        while count < capacity * 2 { count <<= 1 }
+        buckets = Array(repeating: 0, count: count)
+        mask = count - 1
+    }
+
+    /// The position of an earlier record with `id`, if there is one; else `position` is remembered for it.
+    mutating func earlier(hash: Int, id: ItemID, in records: [ItemRecord], adding position: Int) -> Int? {
+        let tag = UInt64(truncatingIfNeeded: UInt32(truncatingIfNeeded: hash))
+        var index = Int(tag) & mask
+        while true {
+            let bucket = buckets[index]
+            if bucket == 0 {
+                buckets[index] = tag << 32 | UInt64(position + 1)
+                return nil
+            }
+            let found = Int(bucket & 0xFFFF_FFFF) - 1
+            if bucket >> 32 == tag, records[found].id == id { return found }
+            index = (index + 1) & mask
+        }
     }
 }
 

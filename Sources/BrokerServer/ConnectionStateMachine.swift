@@ -190,7 +190,7 @@ struct ConnectionStateMachine {
                 awaitingStart = nil
                 startHeld()
             }
-            record(slot: slot, result.map(\.message).mapError(\.wireError))
+            record(slot: slot, result.map { $0.message }.mapError { $0.wireError })
         }
         flushAnswers()
         emit(.flush)

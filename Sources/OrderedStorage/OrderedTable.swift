@@ -119,6 +119,15 @@ public struct OrderedTable<Key: TableKey, Value> {
         return slots.withUnsafeBufferPointer { $0[Self.slot(self.bucket(at: bucket))]?.value }
     }
 
+    /// Reads the bucket where a key with `hash` would be looked for first, and returns it: done for many keys
+    /// before looking each of them up, the cache misses of a large table overlap instead of coming one after
+    /// another (the caller keeps the result somewhere, or the read could be optimized away).
+    @inlinable
+    public func touch(hash: Int) -> UInt64 {
+        guard let buckets = bucketBase else { return 0 }
+        return buckets[Int(UInt32(truncatingIfNeeded: hash)) & bucketMask]
+    }
+
     /// Whether a key with `hash` that `matches` accepts is present.
     @inlinable
     public func contains(hash: Int, matching matches: (Key) -> Bool) -> Bool {

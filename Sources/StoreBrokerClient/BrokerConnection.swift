@@ -411,7 +411,7 @@ final class ClientHandler: ChannelInboundHandler {
             }
         }
         if requestTimeout != nil { watchOldest() }
-        return promises.map(\.futureResult)
+        return promises.map { $0.futureResult }
     }
 
     func subscribe(_ request: ClientMessage) -> EventLoopFuture<BrokerSubscription> {

@@ -66,6 +66,21 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
         }
     }
 
+    /// A large batch where every id comes five times, interleaved: first positions, last payloads (the planner's
+    /// own index of first occurrences, by hash, must find every repeat among many ids).
+    @Test func aLargeBatchOfRepeatsKeepsFirstPositionsAndLastPayloads() async throws {
+        try await withBroker { broker, engine in
+            _ = await ask(broker, .write(store: "s", .insert([item("x", "before")])))
+            let items = (0..<500).map { n in item("id-\(n % 100)", "\(n)") } + [item("x", "after")]
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert(items)))) == 2)
+            // One put per id reaches the engine (a repeat missed would be a put of its own, and a step of the event).
+            #expect(engine.state.withLock { $0.applies.last?.steps.count } == 101)
+            let all = try await records(broker, "s")
+            #expect(all.map(\.id) == ["x"] + (0..<100).map { ItemID("id-\($0)") })
+            #expect(all.map { String(buffer: $0.payload.bytes) } == ["after"] + (0..<100).map { "\(400 + $0)" })
+        }
+    }
+
     @Test func requestsThatChangeNothingTakeNoSequence() async throws {
         try await withBroker { broker, engine in
             let unchanged: [BrokerCommand] = [
