@@ -187,8 +187,10 @@ public struct StoreContents: Sendable {
         for step in steps {
             switch step {
             case .insert(let records):
-                for record in records {
-                    table.put(StoredItem(record), Stamps(createdAt: record.createdAt, updatedAt: record.updatedAt))
+                for index in records.indices {  // not `for record in records`: that copies each record out
+                    table.put(
+                        StoredItem(records[index]),
+                        Stamps(createdAt: records[index].createdAt, updatedAt: records[index].updatedAt))
                 }
             case .remove(let ids):
                 if ids.count == table.count, ids.count > 64 {
