@@ -129,6 +129,9 @@ public final class Broker: Sendable {
         secureValues = ValueSpace(namespace: .secureValue, environment: environment, sealer: sealer)
     }
 
+    /// Returns once the writer of store `name` is idle (for tests that need a write to find it so).
+    func waitUntilWriterIdle(store name: String) async { await store(name).waitUntilWriterIdle() }
+
     private func store(_ name: String) -> ManagedStore {
         stores.withLock { stores in
             if let store = stores[name] { return store }

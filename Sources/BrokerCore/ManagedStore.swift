@@ -661,6 +661,9 @@ final class ManagedStore: Sendable {
 
     /// Refuses new writes, waits for the queued ones to finish, then closes the engine store.
     func shutdown() async { await state.shutDownWriter(on: environment) }
+
+    /// Returns once this store's writer is idle (for tests that need a write to find it so).
+    func waitUntilWriterIdle() async { await state.waitUntilWriterIdle() }
 }
 
 /// A store's recent events, for subscribers that resume: at most `maxCount` commits and `maxBytes` bytes

@@ -75,23 +75,23 @@ extension Locked where Value: WriterState {
         withLock { $0.manifest = updated }
     }
 
+    /// Returns once no writer job is queued or running and no write waits (at once if that is so already).
+    func waitUntilWriterIdle() async {
+        await withCheckedContinuation { continuation in
+            let idle = withLock { state in
+                guard state.isBusy else { return true }
+                state.idleWaiters.append(continuation)
+                return false
+            }
+            if idle { continuation.resume() }
+        }
+    }
+
     /// Refuses new writes, waits for the queued ones to finish, then closes the engine store (on the writer
     /// pool: closing may block).
     func shutDownWriter(on environment: StoreEnvironment) async {
-        let busy = withLock { state in
-            state.stopping = true
-            return state.isBusy
-        }
-        if busy {
-            await withCheckedContinuation { continuation in
-                let idle = withLock { state in
-                    guard state.isBusy else { return true }
-                    state.idleWaiters.append(continuation)
-                    return false
-                }
-                if idle { continuation.resume() }
-            }
-        }
+        withLock { $0.stopping = true }
+        await waitUntilWriterIdle()
         let store = withLock { state in
             defer { state.engineStore = nil }
             return state.engineStore

@@ -368,8 +368,8 @@ private final class Answers: @unchecked Sendable {
         for capabilities: EngineCapabilities in [[.persistent, .atomic], [.atomic, .nonblocking]] {
             try await withBroker(engine: TestEngine(capabilities: capabilities)) { broker, engine in
                 _ = await ask(broker, .write(store: "s", .insert([item("created")])))  // a store's creation: a writer's
-                // That writer answers before it goes idle; a write arriving meanwhile queues behind it.
-                try await Task.sleep(for: .milliseconds(50))
+                // That writer answers before it goes idle; a write arriving meanwhile would queue behind it.
+                await broker.waitUntilWriterIdle(store: "s")
                 let submitter = Mutex<UInt>(0)
                 let thread = Thread {
                     submitter.withLock { $0 = Writers.thisThread }
