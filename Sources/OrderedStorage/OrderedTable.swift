@@ -45,13 +45,14 @@ extension Array: TableKey where Element == UInt8 {
 /// The index grows without stopping one operation for long: the buckets live in `calloc`ed memory (the pages are
 /// faulted in as they are first used, not all at once by zeroing), and when the index doubles, the old buckets
 /// move into the new ones a few at a time, with each later change (`migrate`), while lookups search both.
-/// Doubling a million-item index in one go took 23 ms in this project's VM (13 ms of it zeroing 32 MB). The slot
-/// array is still a Swift `Array`: its own doubling copies every slot (docs/BENCHMARKS.md, the 2^20 row).
+/// Doubling a million-item index in one go took 23 ms in this project's VM (13 ms of it zeroing 32 MB). The slots
+/// live in segments of 4,096 (`SegmentedArray`): growing adds a segment and never copies the slots already there.
 ///
 /// Everything is `@inlinable`: the broker's memory and the engines use it on their hot paths, and a generic type
 /// used across modules unspecialized goes through value witnesses for every copy, hash and comparison.
 public struct OrderedTable<Key: TableKey, Value> {
-    @usableFromInline var slots: [(key: Key, value: Value)?] = []
+    /// The pairs in order, `nil` where one was removed; in segments, so that growing never copies them all.
+    @usableFromInline var slots = SegmentedArray<(key: Key, value: Value)?>()
     /// `0` is empty; otherwise the low 32 bits of the hash above the slot number plus one.
     @usableFromInline var buckets: BucketStorage?
     /// While the index grows: the previous buckets, moved into `buckets` from index `drained` on; a moved or
@@ -71,7 +72,8 @@ public struct OrderedTable<Key: TableKey, Value> {
         case restore(slot: Int, entry: (key: Key, value: Value))
         case unappend
         case restoreAll(
-            slots: [(key: Key, value: Value)?], buckets: BucketStorage?, draining: BucketStorage?, drained: Int,
+            slots: SegmentedArray<(key: Key, value: Value)?>, buckets: BucketStorage?, draining: BucketStorage?,
+            drained: Int,
             live: Int)
     }
 
@@ -116,7 +118,7 @@ public struct OrderedTable<Key: TableKey, Value> {
     @inlinable
     public func value(hash: Int, matching matches: (Key) -> Bool) -> Value? {
         guard let bucket = find(hash: hash, matching: matches).found else { return nil }
-        return slots.withUnsafeBufferPointer { $0[Self.slot(self.bucket(at: bucket))]?.value }
+        return slots[Self.slot(self.bucket(at: bucket))]?.value
     }
 
     /// Reads the bucket where a key with `hash` would be looked for first, and returns it: done for many keys
@@ -233,7 +235,7 @@ public struct OrderedTable<Key: TableKey, Value> {
     @inlinable
     public mutating func removeAll() {
         undo?.append(.restoreAll(slots: slots, buckets: buckets, draining: draining, drained: drained, live: live))
-        slots = []
+        slots = SegmentedArray()
         setBuckets(nil)
         setDraining(nil)
         drained = 0
@@ -462,7 +464,7 @@ public struct OrderedTable<Key: TableKey, Value> {
         let holes = slots.count - live
         guard holes > 64, holes > live else { return }
         var renumber = Array(repeating: -1, count: slots.count)
-        var kept: [(key: Key, value: Value)?] = []
+        var kept = SegmentedArray<(key: Key, value: Value)?>()
         kept.reserveCapacity(live)
         for (position, slot) in slots.enumerated() where slot != nil {
             renumber[position] = kept.count

@@ -1,4 +1,4 @@
-import OrderedStorage
+@testable import OrderedStorage
 import Testing
 
 /// The plain model the table must agree with: keys in order, values by key.
@@ -127,6 +127,45 @@ private struct Clashing: TableKey {
             check(snapshot.table, snapshot.model, 6000)
             #expect(pairs(snapshot.table, { Int($0)! }) == snapshot.model.pairs)
         }
+    }
+
+    /// The slots live in segments of 4,096: appends, a rollback of appends and of a removeAll, a copy and a
+    /// compaction across several segment boundaries keep the order and every value, and a copy is not changed by
+    /// writes to the original.
+    @Test("slots across segment boundaries: appends, rollbacks, copies, compaction")
+    func acrossSegments() {
+        let segment = SegmentedArray<Int>.segmentCapacity
+        var table = OrderedTable<String, Int>()
+        var model = Model()
+        for key in 0..<(2 * segment + 10) {
+            _ = table.put(String(key), key)
+            _ = model.put(key, key)
+        }
+        let copy = table
+        table.begin()
+        for key in (2 * segment + 10)..<(3 * segment + 5) { _ = table.put(String(key), key) }
+        table.removeAll()
+        _ = table.put("after", 1)
+        table.rollback()  // undoes the put, the removeAll and every append back across the boundary at 3 x 4,096
+        #expect(pairs(table, { Int($0)! }) == model.pairs)
+        for key in stride(from: 0, to: 2 * segment, by: 3) {  // enough holes to compact
+            #expect(table.remove(String(key)) == model.remove(key))
+        }
+        for key in 0..<(2 * segment + 10) { _ = table.put(String(key), -key) }  // removed ones go last again
+        for key in 0..<(2 * segment + 10) { _ = model.put(key, -key) }
+        #expect(pairs(table, { Int($0)! }) == model.pairs)
+        #expect(copy.count == 2 * segment + 10)
+        #expect(pairs(copy, { Int($0)! }).map { $0[0] } == Array(0..<(2 * segment + 10)))
+        #expect(copy.value(for: "5") == 5)
+
+        var array = SegmentedArray<Int>()
+        for n in 0..<(segment + 1) { array.append(n) }
+        var other = array
+        other[segment] = -1
+        other[0] = -2
+        #expect(array[segment] == segment && array[0] == 0)
+        #expect(other.removeLast() == -1 && other.count == segment && other.segments.count == 1)
+        #expect(Array(array) == Array(0...segment))
     }
 
     /// The model as it was before key `before` was put (puts of 0..<before, with the same removals).

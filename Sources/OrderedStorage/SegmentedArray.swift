@@ -1,0 +1,61 @@
+/// An array kept in segments of at most 4,096 elements: appending never moves what is already stored.
+///
+/// A Swift `Array` grows by doubling, copying every element into the new buffer: the millionth slot of a table
+/// copied a million slots (tens to hundreds of milliseconds in this project's VM, every write of the store waiting;
+/// docs/BENCHMARKS.md, the 2^20 row). Here only a segment grows by doubling, so the most one append copies is one
+/// segment; the list of segments is one reference each. A copy shares the segments until one of them is written
+/// (copy-on-write per segment, not for the whole array). An element costs one more indirection to reach.
+@usableFromInline
+struct SegmentedArray<Element> {
+    @usableFromInline static var shift: Int { 12 }
+    @usableFromInline static var segmentCapacity: Int { 1 << shift }
+    @usableFromInline static var offsetMask: Int { segmentCapacity - 1 }
+
+    /// Every segment but the last holds exactly `segmentCapacity` elements; the last holds at least one.
+    @usableFromInline var segments: [[Element]] = []
+    @usableFromInline var storedCount = 0
+
+    @inlinable
+    init() {}
+
+    @inlinable
+    subscript(position: Int) -> Element {
+        _read { yield segments[position >> Self.shift][position & Self.offsetMask] }
+        _modify { yield &segments[position >> Self.shift][position & Self.offsetMask] }
+    }
+
+    @inlinable
+    mutating func append(_ element: Element) {
+        if storedCount & Self.offsetMask == 0 { segments.append([]) }
+        segments[segments.count - 1].append(element)
+        storedCount += 1
+    }
+
+    @discardableResult
+    @inlinable
+    mutating func removeLast() -> Element {
+        let element = segments[segments.count - 1].removeLast()
+        storedCount -= 1
+        if storedCount & Self.offsetMask == 0 { segments.removeLast() }
+        return element
+    }
+
+    /// Room in the list of segments for `capacity` elements (the segments themselves are made as they fill).
+    @inlinable
+    mutating func reserveCapacity(_ capacity: Int) {
+        segments.reserveCapacity((capacity + Self.offsetMask) >> Self.shift)
+    }
+}
+
+extension SegmentedArray: RandomAccessCollection, MutableCollection {
+    @inlinable
+    var startIndex: Int { 0 }
+
+    @inlinable
+    var endIndex: Int { storedCount }
+
+    @inlinable
+    var count: Int { storedCount }
+}
+
+extension SegmentedArray: Sendable where Element: Sendable {}
