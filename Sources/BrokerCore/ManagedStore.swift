@@ -201,6 +201,13 @@ final class ManagedStore: Sendable {
         _ reply: @escaping Reply,
         _ body: @escaping @Sendable (borrowing StoreContents, Position) -> Result<BrokerAnswer, BrokerError>
     ) {
+        // A loaded store (nearly always) is read in one acquisition of its lock, not one to see that it is loaded
+        // and another to read: every reader and the writer's publishing contend for that lock.
+        let answered = state.withLock { state -> Result<BrokerAnswer, BrokerError>? in
+            guard state.phase == .ready else { return nil }
+            return body(state.contents, Position(epoch: state.epoch, sequence: state.sequence))
+        }
+        if let answered { return reply(answered) }
         whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
             reply(self.state.withLock { body($0.contents, Position(epoch: $0.epoch, sequence: $0.sequence)) })
