@@ -138,12 +138,10 @@ public struct StoreContents: Sendable {
         table.value(hash: hash, matching: { $0.hasID(id) })?.createdAt
     }
 
-    /// Brings the index's memory for these ids' hashes into the cache ahead of their lookups (see
-    /// `OrderedTable.touch(hash:)`); returns what it read, for the caller to keep.
-    func touch(hashes: [Int]) -> UInt64 {
-        var read: UInt64 = 0
-        for hash in hashes { read ^= table.touch(hash: hash) }
-        return read
+    /// For each of these ids' hashes, whether no item can have it (`OrderedTable.certainlyAbsent(hash:)`): one
+    /// pass over the index for a whole batch, its cache misses overlapping, before any id is looked up.
+    func certainlyAbsent(hashes: [Int]) -> [Bool] {
+        hashes.map { table.certainlyAbsent(hash: $0) }
     }
 
     public func contains(_ id: ItemID) -> Bool {

@@ -40,14 +40,12 @@ struct WritePlanner {
     }
 
     /// When `id` was created, if it is present after the requests planned so far.
-    private func createdAt(_ id: ItemID, hash: Int? = nil) -> UInt64? {
+    /// `notInBase`: the committed contents are known not to hold `id` (`StoreContents.certainlyAbsent(hashes:)`).
+    private func createdAt(_ id: ItemID, hash: Int? = nil, notInBase: Bool = false) -> UInt64? {
         if !overlay.isEmpty, let touched = overlay[id] { return touched.record?.createdAt }
-        if baseCleared || (!hidden.isEmpty && hidden.contains(id)) { return nil }
+        if notInBase || baseCleared || (!hidden.isEmpty && hidden.contains(id)) { return nil }
         return base.createdAt(id, hash: hash ?? id.tableHash)
     }
-
-    /// What touching the index ahead of a batch's lookups read (kept so the reads are not optimized away).
-    private var touched: UInt64 = 0
 
     /// Every id present after the requests planned so far, in store order.
     private func currentIDs() -> [ItemID] {
@@ -95,10 +93,11 @@ struct WritePlanner {
         engineSteps.reserveCapacity(firstStep + items.count)
         if remember { overlay.reserveCapacity(overlay.count + items.count) }
         // Each id hashed once, for finding repeats and for the committed contents' index; and, for a batch, the
-        // index's buckets read for all ids first, so that their cache misses overlap (a batch into a large store
-        // spent most of its lookups waiting for memory, one miss after another).
+        // index's first bucket read for all ids before any lookup, so that their cache misses overlap (a batch
+        // into a large store spent most of its lookups waiting for memory, one miss after another), an empty one
+        // saying the id is new without a lookup.
         let hashes = items.count > 1 ? items.map { $0.id.tableHash } : []
-        if items.count > 1, !baseCleared { touched ^= base.touch(hashes: hashes) }
+        let absent = items.count > 1 && !baseCleared ? base.certainlyAbsent(hashes: hashes) : []
         var seen = items.count > 1 ? FirstSeen(capacity: items.count) : nil
         // By index, not `for item in items`: the iterator copies each item out (a retain and a release of its id
         // and its bytes, 6% of a batch's samples).
@@ -112,7 +111,7 @@ struct WritePlanner {
                 if remember { overlay[id]?.record = records[earlier] }
                 continue
             }
-            let existing = createdAt(id, hash: hash)
+            let existing = createdAt(id, hash: hash, notInBase: !absent.isEmpty && absent[index])
             let record = ItemRecord(id: id, createdAt: existing ?? now, updatedAt: now, payload: payload)
             records.append(record)
             engineSteps.append(.put(Self.engineRecord(record, key: key)))

@@ -121,13 +121,13 @@ public struct OrderedTable<Key: TableKey, Value> {
         return slots[Self.slot(self.bucket(at: bucket))]?.value
     }
 
-    /// Reads the bucket where a key with `hash` would be looked for first, and returns it: done for many keys
-    /// before looking each of them up, the cache misses of a large table overlap instead of coming one after
-    /// another (the caller keeps the result somewhere, or the read could be optimized away).
+    /// Whether no key with `hash` can be in the table, known from the one bucket where a lookup would start: it is
+    /// empty and no older index is still being moved. Done for many keys before looking each of them up, their
+    /// cache misses overlap instead of coming one after another, and a key this answers `true` for needs no lookup.
     @inlinable
-    public func touch(hash: Int) -> UInt64 {
-        guard let buckets = bucketBase else { return 0 }
-        return buckets[Int(UInt32(truncatingIfNeeded: hash)) & bucketMask]
+    public func certainlyAbsent(hash: Int) -> Bool {
+        guard let buckets = bucketBase else { return true }
+        return drainBase == nil && buckets[Int(UInt32(truncatingIfNeeded: hash)) & bucketMask] == 0
     }
 
     /// Whether a key with `hash` that `matches` accepts is present.

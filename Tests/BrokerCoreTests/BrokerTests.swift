@@ -71,6 +71,8 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
     @Test func aLargeBatchOfRepeatsKeepsFirstPositionsAndLastPayloads() async throws {
         try await withBroker { broker, engine in
             _ = await ask(broker, .write(store: "s", .insert([item("x", "before")])))
+            let created = try await records(broker, "s")[0].createdAt
+            try await Task.sleep(for: .milliseconds(2))
             let items = (0..<500).map { n in item("id-\(n % 100)", "\(n)") } + [item("x", "after")]
             #expect(sequence(of: await ask(broker, .write(store: "s", .insert(items)))) == 2)
             // One put per id reaches the engine (a repeat missed would be a put of its own, and a step of the event).
@@ -78,6 +80,8 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
             let all = try await records(broker, "s")
             #expect(all.map(\.id) == ["x"] + (0..<100).map { ItemID("id-\($0)") })
             #expect(all.map { String(buffer: $0.payload.bytes) } == ["after"] + (0..<100).map { "\(400 + $0)" })
+            #expect(all[0].createdAt == created, "the batch found the id that was there: it keeps its createdAt")
+            #expect(all[1].createdAt > created)
         }
     }
 

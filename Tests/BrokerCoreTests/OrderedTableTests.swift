@@ -168,6 +168,22 @@ private struct Clashing: TableKey {
         #expect(Array(array) == Array(0...segment))
     }
 
+    /// `certainlyAbsent(hash:)` never says so of a key the table holds, while the index grows and after removals.
+    @Test("certainlyAbsent is never true for a key the table holds")
+    func certainlyAbsentIsSafe() {
+        var table = OrderedTable<String, Int>()
+        var saidAbsent = 0
+        for key in 0..<6000 {
+            _ = table.put(String(key), key)
+            if key % 5 == 0 { table.remove(String(key / 2)) }
+            for probe in [key, key / 2, key + 1_000_000] where table.certainlyAbsent(hash: String(probe).tableHash) {
+                #expect(table.value(for: String(probe)) == nil, "key \(probe) is there")
+                saidAbsent += 1
+            }
+        }
+        #expect(saidAbsent > 1000)  // it does say so of absent keys, or it would save no lookup
+    }
+
     /// The model as it was before key `before` was put (puts of 0..<before, with the same removals).
     private func snapshotOf(_ model: Model, before: Int) -> Model {
         var rebuilt = Model()
