@@ -152,9 +152,9 @@ public struct OrderedTable<Key: TableKey, Value> {
         afterHash hash: Int, matching matches: (Key) -> Bool, _ body: (_ key: Key, _ value: Value) throws -> Bool
     ) rethrows -> Bool {
         guard let bucket = find(hash: hash, matching: matches).found else { return false }
-        for slot in slots[(Self.slot(self.bucket(at: bucket)) + 1)...] {
-            guard let slot else { continue }
-            if try !body(slot.key, slot.value) { break }
+        try slots.forEach(from: Self.slot(self.bucket(at: bucket)) + 1) { slot in
+            guard let slot else { return true }
+            return try body(slot.key, slot.value)
         }
         return true
     }
@@ -162,9 +162,9 @@ public struct OrderedTable<Key: TableKey, Value> {
     /// Every pair, in order, until `body` returns `false`.
     @inlinable
     public func forEach(_ body: (_ key: Key, _ value: Value) throws -> Bool) rethrows {
-        for slot in slots {
-            guard let slot else { continue }
-            if try !body(slot.key, slot.value) { return }
+        try slots.forEach(from: 0) { slot in
+            guard let slot else { return true }
+            return try body(slot.key, slot.value)
         }
     }
 
@@ -173,9 +173,9 @@ public struct OrderedTable<Key: TableKey, Value> {
     @inlinable
     public func forEach(after key: Key, _ body: (_ key: Key, _ value: Value) throws -> Bool) rethrows -> Bool {
         guard let bucket = find(key, hash: key.tableHash).found else { return false }
-        for slot in slots[(Self.slot(self.bucket(at: bucket)) + 1)...] {
-            guard let slot else { continue }
-            if try !body(slot.key, slot.value) { break }
+        try slots.forEach(from: Self.slot(self.bucket(at: bucket)) + 1) { slot in
+            guard let slot else { return true }
+            return try body(slot.key, slot.value)
         }
         return true
     }

@@ -40,6 +40,23 @@ struct SegmentedArray<Element> {
         return element
     }
 
+    /// Calls `body` with each element from `start` on, in order, until it returns `false`: segment by segment,
+    /// without working out the segment of every element.
+    @inlinable
+    func forEach(from start: Int, _ body: (Element) throws -> Bool) rethrows {
+        var segmentIndex = start >> Self.shift
+        var offset = start & Self.offsetMask
+        while segmentIndex < segments.count {
+            let segment = segments[segmentIndex]
+            while offset < segment.count {
+                if try !body(segment[offset]) { return }
+                offset += 1
+            }
+            segmentIndex += 1
+            offset = 0
+        }
+    }
+
     /// Room in the list of segments for `capacity` elements (the segments themselves are made as they fill).
     @inlinable
     mutating func reserveCapacity(_ capacity: Int) {
