@@ -99,10 +99,8 @@ struct WritePlanner {
         let hashes = items.count > 1 ? items.map { $0.id.tableHash } : []
         let absent = items.count > 1 && !baseCleared ? base.certainlyAbsent(hashes: hashes) : []
         var seen = items.count > 1 ? FirstSeen(capacity: items.count) : nil
-        // By index, not `for item in items`: the iterator copies each item out (a retain and a release of its id
-        // and its bytes, 6% of a batch's samples).
         for index in items.indices {
-            let (payload, key) = Self.kept(items, at: index)
+            let (payload, key) = Self.kept(items[index])
             let id = items[index].id
             let hash = items.count > 1 ? hashes[index] : id.tableHash
             if let earlier = seen?.earlier(hash: hash, id: id, in: records, adding: records.count) {
@@ -129,15 +127,11 @@ struct WritePlanner {
     /// The payload of a record: it outlives the request (memory, history), so it owns its bytes, in one
     /// allocation with the id's bytes in front, as memory keeps an item (`StoreContents`); and the id's bytes
     /// as a view of that same allocation, for the engine.
-    /// The item is read in place in `items` (passed by value, it was copied out: a retain and a release each of
-    /// its id and its bytes).
-    private static func kept(_ items: [Item], at index: Int) -> (payload: Payload, key: ByteBuffer) {
-        let payload = items.withUnsafeBufferPointer { items in
-            items[index].payload.bytes.withUnsafeReadableBytes { payload in
-                items[index].id.string.utf8.withContiguousStorageIfAvailable {
-                    Payload(owning: payload, prefix: UnsafeRawBufferPointer($0))
-                } ?? Array(items[index].id.string.utf8).withUnsafeBytes { Payload(owning: payload, prefix: $0) }
-            }
+    private static func kept(_ item: Item) -> (payload: Payload, key: ByteBuffer) {
+        let payload = item.payload.bytes.withUnsafeReadableBytes { payload in
+            item.id.string.utf8.withContiguousStorageIfAvailable {
+                Payload(owning: payload, prefix: UnsafeRawBufferPointer($0))
+            } ?? Array(item.id.string.utf8).withUnsafeBytes { Payload(owning: payload, prefix: $0) }
         }
         var key = payload.bytes
         let idLength = key.readerIndex

@@ -265,19 +265,13 @@ final class ConnectionHandler: ChannelDuplexHandler {
             context.write(wrapOutboundOut(bytes), promise: nil)
             return
         }
-        switch gathered {
-        case .none:
-            gathered = .one(bytes)
-        case .one(let first):
-            var buffer = context.channel.allocator.buffer(capacity: max(4096, 4 * (first.readableBytes + bytes.readableBytes)))
-            buffer.writeImmutableBuffer(first)
+        guard case .none = gathered else {
+            var buffer = gatheringBuffer(adding: bytes.readableBytes, context)
             buffer.writeImmutableBuffer(bytes)
             gathered = .many(buffer)
-        case .many(var buffer):
-            gathered = .none  // the buffer's only reference while it grows
-            buffer.writeImmutableBuffer(bytes)
-            gathered = .many(buffer)
+            return
         }
+        gathered = .one(bytes)
     }
 
     /// A push's frames with this connection's subscription id: copied into the turn's buffer with the id set
@@ -288,19 +282,25 @@ final class ConnectionHandler: ChannelDuplexHandler {
             bytes.forEachFrame(withID: subscriptionID) { gather($0, context) }
             return
         }
-        var buffer: ByteBuffer
-        switch gathered {
-        case .none:
-            buffer = context.channel.allocator.buffer(capacity: max(4096, 4 * bytes.readableBytes))
-        case .one(let first):
-            buffer = context.channel.allocator.buffer(capacity: max(4096, 4 * (first.readableBytes + bytes.readableBytes)))
-            buffer.writeImmutableBuffer(first)
-        case .many(let existing):
-            gathered = .none  // the buffer's only reference while it grows
-            buffer = existing
-        }
+        var buffer = gatheringBuffer(adding: bytes.readableBytes, context)
         bytes.writeFrames(withID: subscriptionID, into: &buffer)
         gathered = .many(buffer)
+    }
+
+    /// The turn's buffer, taken out of `gathered` to have `count` more bytes written into it: a new one (holding the
+    /// lone write gathered so far, if any), or the one already gathering, left as its only reference while it grows.
+    private func gatheringBuffer(adding count: Int, _ context: ChannelHandlerContext) -> ByteBuffer {
+        switch gathered {
+        case .none:
+            return context.channel.allocator.buffer(capacity: max(4096, 4 * count))
+        case .one(let first):
+            var buffer = context.channel.allocator.buffer(capacity: max(4096, 4 * (first.readableBytes + count)))
+            buffer.writeImmutableBuffer(first)
+            return buffer
+        case .many(let buffer):
+            gathered = .none
+            return buffer
+        }
     }
 
     private func writeGathered(_ context: ChannelHandlerContext) {
