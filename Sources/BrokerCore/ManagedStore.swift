@@ -11,6 +11,14 @@ struct PendingWrite: QueuedWrite {
     enum Kind: Sendable {
         case write(WriteOperation)
         case drop
+
+        /// How many items the write inserts (repeats counted).
+        var insertedItemCount: Int {
+            switch self {
+            case .write(let operation): operation.insertedItemCount
+            case .drop: 0
+            }
+        }
     }
 
     var kind: Kind
@@ -453,7 +461,7 @@ final class ManagedStore: Sendable {
     private enum Outcome {
         case failed(BrokerError)
         case unchanged(epoch: UInt64, sequence: UInt64)
-        case committed(sequence: UInt64, events: [EventStep])
+        case committed(sequence: UInt64)
     }
 
     private func conflict(_ condition: Condition, epoch: UInt64, sequence: UInt64) -> BrokerError? {
@@ -500,9 +508,8 @@ final class ManagedStore: Sendable {
         // the copy below and for the apply after the commit, never for planning.
         var items = 0
         var lastItems = 0
-        for write in writes {
-            guard case .write(let operation) = write.kind else { continue }
-            lastItems = operation.insertedItemCount
+        for index in writes.indices {
+            lastItems = writes[index].kind.insertedItemCount
             items += lastItems
         }
         let (committed, base, manifestEpoch) = state.withLock { ($0.contents, $0.info, $0.manifest?.epoch) }
@@ -510,12 +517,15 @@ final class ManagedStore: Sendable {
         var sequence = base.sequence
         var outcomes: [Outcome] = []
         outcomes.reserveCapacity(writes.count)
+        // The commits made, in order, built as they are planned (each request's events are moved in once).
+        var commits: [Commit] = []
+        commits.reserveCapacity(writes.count)
         let steps: [EngineStep]
         do {
             var planner = WritePlanner(base: committed, items: items, remembered: items - lastItems)
-            for (index, write) in writes.enumerated() {
-                guard case .write(let operation) = write.kind else { preconditionFailure("drops are not grouped") }
-                if let conflict = conflict(write.condition, epoch: epoch, sequence: sequence) {
+            for index in writes.indices {
+                guard case .write(let operation) = writes[index].kind else { preconditionFailure("drops are not grouped") }
+                if let conflict = conflict(writes[index].condition, epoch: epoch, sequence: sequence) {
                     outcomes.append(.failed(conflict))
                     continue
                 }
@@ -535,7 +545,8 @@ final class ManagedStore: Sendable {
                 }
                 if sequence == 0 { epoch = manifestEpoch ?? Manifest.newEpoch() }
                 sequence += 1
-                outcomes.append(.committed(sequence: sequence, events: events))
+                outcomes.append(.committed(sequence: sequence))
+                commits.append(Commit(epoch: epoch, sequence: sequence, steps: events))
             }
             steps = planner.engineSteps
         }
@@ -574,16 +585,11 @@ final class ManagedStore: Sendable {
         state.recordFirstCommit(in: place)
 
         // Committed: memory and history, in sequence order, under the lock; then the broadcast and the answers.
-        var commits: [Commit] = []
-        for outcome in outcomes {
-            guard case .committed(let sequence, let events) = outcome else { continue }
-            commits.append(Commit(epoch: epoch, sequence: sequence, steps: events))
-        }
         let configuration = environment.configuration
         let subscribers = state.withLock { state in
-            for commit in commits {
-                state.contents.apply(commit.steps)
-                state.history.append(commit, maxCount: configuration.history, maxBytes: configuration.historyBytes)
+            for index in commits.indices {
+                state.contents.apply(commits[index].steps)
+                state.history.append(commits[index], maxCount: configuration.history, maxBytes: configuration.historyBytes)
             }
             state.epoch = epoch
             state.sequence = finalSequence
@@ -595,13 +601,13 @@ final class ManagedStore: Sendable {
     }
 
     private func answer(_ writes: [PendingWrite], _ outcomes: [Outcome], epoch: UInt64) {
-        for (write, outcome) in zip(writes, outcomes) {
-            switch outcome {
-            case .failed(let error): write.reply(.failure(error))
+        for index in writes.indices {
+            switch outcomes[index] {
+            case .failed(let error): writes[index].reply(.failure(error))
             case .unchanged(let epoch, let sequence):
-                write.reply(.success(.written(CommitResult(committed: false, epoch: epoch, sequence: sequence))))
-            case .committed(let sequence, _):
-                write.reply(.success(.written(CommitResult(committed: true, epoch: epoch, sequence: sequence))))
+                writes[index].reply(.success(.written(CommitResult(committed: false, epoch: epoch, sequence: sequence))))
+            case .committed(let sequence):
+                writes[index].reply(.success(.written(CommitResult(committed: true, epoch: epoch, sequence: sequence))))
             }
         }
     }

@@ -14,8 +14,11 @@ struct WritePlanner {
     private var baseCleared = false
     /// Committed ids removed by a planned request: their committed position no longer counts.
     private var hidden: Set<ItemID> = []
-    /// What the requests planned so far did to each id they touched.
-    private var overlay: [ItemID: Touched] = [:]
+    /// What the requests planned so far did to each id they touched, found through `overlayIndex` by the ids'
+    /// `tableHash` (computed once per id for the committed contents' index too; a `Dictionary` hashed each id
+    /// again, twice per remembered insert).
+    private var overlay: [(id: ItemID, touched: Touched)] = []
+    private var overlayIndex = PositionIndex()
     /// Ids appended by planned requests, in order; an id appended twice counts at its latest position.
     private var appended: [ItemID] = []
     /// The engine steps of every request planned so far, in order: one transaction for the group.
@@ -35,16 +38,31 @@ struct WritePlanner {
         engineSteps.reserveCapacity(items)
         if remembered > 0 {
             overlay.reserveCapacity(remembered)
+            overlayIndex.reserveCapacity(remembered)
             appended.reserveCapacity(remembered)
         }
+    }
+
+    /// Where `id` is in `overlay`, if a planned request touched it.
+    private func touched(_ id: ItemID, hash: Int) -> Int? {
+        overlayIndex.position(hash: hash) { overlay[$0].id == id }
+    }
+
+    /// Where `id` is in `overlay`, added untouched if no planned request touched it yet.
+    private mutating func touching(_ id: ItemID, hash: Int) -> Int {
+        if let position = touched(id, hash: hash) { return position }
+        overlayIndex.add(hash: hash, position: overlay.count)
+        overlay.append((id, Touched()))
+        return overlay.count - 1
     }
 
     /// When `id` was created, if it is present after the requests planned so far.
     /// `notInBase`: the committed contents are known not to hold `id` (`StoreContents.certainlyAbsent(hashes:)`).
     private func createdAt(_ id: ItemID, hash: Int? = nil, notInBase: Bool = false) -> UInt64? {
-        if !overlay.isEmpty, let touched = overlay[id] { return touched.record?.createdAt }
+        let hash = hash ?? id.tableHash
+        if !overlay.isEmpty, let position = touched(id, hash: hash) { return overlay[position].touched.record?.createdAt }
         if notInBase || baseCleared || (!hidden.isEmpty && hidden.contains(id)) { return nil }
-        return base.createdAt(id, hash: hash ?? id.tableHash)
+        return base.createdAt(id, hash: hash)
     }
 
     /// Every id present after the requests planned so far, in store order.
@@ -54,7 +72,8 @@ struct WritePlanner {
             for id in base.ids where !hidden.contains(id) { out.append(id) }
         }
         for (position, id) in appended.enumerated() {
-            if let touched = overlay[id], touched.appendedAt == position, touched.record != nil { out.append(id) }
+            guard let entry = touched(id, hash: id.tableHash) else { continue }
+            if overlay[entry].touched.appendedAt == position, overlay[entry].touched.record != nil { out.append(id) }
         }
         return out
     }
@@ -91,35 +110,42 @@ struct WritePlanner {
         records.reserveCapacity(items.count)
         let firstStep = engineSteps.count
         engineSteps.reserveCapacity(firstStep + items.count)
-        if remember { overlay.reserveCapacity(overlay.count + items.count) }
+        if remember {
+            overlay.reserveCapacity(overlay.count + items.count)
+            overlayIndex.reserveCapacity(overlay.count + items.count)
+        }
         // Each id hashed once, for finding repeats and for the committed contents' index; and, for a batch, the
         // index's first bucket read for all ids before any lookup, so that their cache misses overlap (a batch
         // into a large store spent most of its lookups waiting for memory, one miss after another), an empty one
         // saying the id is new without a lookup.
         let hashes = items.count > 1 ? items.map { $0.id.tableHash } : []
         let absent = items.count > 1 && !baseCleared ? base.certainlyAbsent(hashes: hashes) : []
-        var seen = items.count > 1 ? FirstSeen(capacity: items.count) : nil
+        var seen = PositionIndex()
+        if items.count > 1 { seen.reserveCapacity(items.count) }
         for index in items.indices {
             let (payload, key) = Self.kept(items[index])
             let id = items[index].id
             let hash = items.count > 1 ? hashes[index] : id.tableHash
-            if let earlier = seen?.earlier(hash: hash, id: id, in: records, adding: records.count) {
-                records[earlier].payload = payload
-                engineSteps[firstStep + earlier] = .put(Self.engineRecord(records[earlier], key: key))
-                if remember { overlay[id]?.record = records[earlier] }
-                continue
+            if items.count > 1 {
+                if let earlier = seen.position(hash: hash, where: { records[$0].id == id }) {
+                    records[earlier].payload = payload
+                    engineSteps[firstStep + earlier] = .put(Self.engineRecord(records[earlier], key: key))
+                    if remember, let entry = touched(id, hash: hash) { overlay[entry].touched.record = records[earlier] }
+                    continue
+                }
+                seen.add(hash: hash, position: records.count)
             }
             let existing = createdAt(id, hash: hash, notInBase: !absent.isEmpty && absent[index])
             let record = ItemRecord(id: id, createdAt: existing ?? now, updatedAt: now, payload: payload)
             records.append(record)
             engineSteps.append(.put(Self.engineRecord(record, key: key)))
             guard remember else { continue }
-            let position = appended.count
-            modify(&overlay[id, default: Touched()]) { touched in
-                touched.record = record
-                if existing == nil { touched.appendedAt = position }
+            let entry = touching(id, hash: hash)
+            overlay[entry].touched.record = record
+            if existing == nil {
+                overlay[entry].touched.appendedAt = appended.count
+                appended.append(id)
             }
-            if existing == nil { appended.append(id) }
         }
         append(.insert(records: records), to: &events)
     }
@@ -156,7 +182,7 @@ struct WritePlanner {
     }
 
     private mutating func markRemoved(_ id: ItemID) {
-        overlay[id, default: Touched()].record = nil
+        overlay[touching(id, hash: id.tableHash)].touched.record = nil
         if !baseCleared, base.contains(id) { hidden.insert(id) }
     }
 
@@ -165,7 +191,8 @@ struct WritePlanner {
         guard !ids.isEmpty else { return }
         baseCleared = true
         hidden = []
-        overlay = [:]
+        overlay = []
+        overlayIndex = PositionIndex()
         appended = []
         engineSteps.append(.removeAll)
         append(.remove(ids: ids), to: &events)
@@ -190,40 +217,52 @@ struct WritePlanner {
     }
 }
 
-/// The first record of each id in one insert: an open-addressed index of positions in the records, by the ids'
-/// hashes (already computed for the committed contents' index), where a `Dictionary<ItemID, Int>` hashed every
-/// id a second time.
-private struct FirstSeen {
-    /// Each bucket: the hash's low 32 bits and the position + 1 (0: empty).
-    private var buckets: [UInt64]
-    private let mask: Int
+/// Positions in an array of keys, by the keys' `tableHash` (already computed for the committed contents' index):
+/// an open-addressed index of 8-byte buckets, each 32 bits of the hash and the position + 1 (0: empty), at most
+/// half full. The caller tells a position's key from another with the same 32 bits.
+struct PositionIndex {
+    private var buckets: [UInt64] = []
+    private var mask = -1
+    private var count = 0
 
-    init(capacity: Int) {
-        var count = 16
-        while count < capacity * 2 { count <<= 1 }
-        buckets = Array(repeating: 0, count: count)
-        mask = count - 1
+    /// Room for `capacity` positions without growing.
+    mutating func reserveCapacity(_ capacity: Int) {
+        guard capacity * 2 > buckets.count else { return }
+        var size = 16
+        while size < capacity * 2 { size <<= 1 }
+        let old = buckets
+        buckets = Array(repeating: 0, count: size)
+        mask = size - 1
+        for bucket in old where bucket != 0 { place(bucket) }
     }
 
-    /// The position of an earlier record with `id`, if there is one; else `position` is remembered for it.
-    mutating func earlier(hash: Int, id: ItemID, in records: [ItemRecord], adding position: Int) -> Int? {
+    /// The position whose key `isKey` accepts among those with this hash.
+    func position(hash: Int, where isKey: (Int) -> Bool) -> Int? {
+        guard count > 0 else { return nil }
         let tag = UInt64(truncatingIfNeeded: UInt32(truncatingIfNeeded: hash))
         var index = Int(tag) & mask
         while true {
             let bucket = buckets[index]
-            if bucket == 0 {
-                buckets[index] = tag << 32 | UInt64(position + 1)
-                return nil
-            }
-            let found = Int(bucket & 0xFFFF_FFFF) - 1
-            if bucket >> 32 == tag, records[found].id == id { return found }
+            if bucket == 0 { return nil }
+            if bucket >> 32 == tag, isKey(Int(bucket & 0xFFFF_FFFF) - 1) { return Int(bucket & 0xFFFF_FFFF) - 1 }
             index = (index + 1) & mask
         }
     }
-}
 
-/// Changes a value in place: `modify(&table[key, default: ...]) { ... }` finds the key once.
-private func modify<T>(_ value: inout T, _ body: (inout T) -> Void) { body(&value) }
+    /// Records `position` for a key with this hash (not already recorded).
+    mutating func add(hash: Int, position: Int) {
+        if (count + 1) * 2 > buckets.count { reserveCapacity(max(8, count * 2)) }
+        let tag = UInt64(truncatingIfNeeded: UInt32(truncatingIfNeeded: hash))
+        place(tag << 32 | UInt64(position + 1))
+        count += 1
+    }
+
+    private mutating func place(_ bucket: UInt64) {
+        var index = Int(bucket >> 32) & mask
+        while buckets[index] != 0 { index = (index + 1) & mask }
+        buckets[index] = bucket
+    }
+}
 
 extension WriteOperation {
     /// How many items the operation inserts (repeats counted), for reserving room before planning.
