@@ -75,10 +75,17 @@ public struct BrokerRequest: Sendable {
     public var subscription: Subscription?
     public var reply: Reply
 
-    public init(_ command: BrokerCommand, subscription: Subscription? = nil, reply: @escaping Reply) {
+    public init(_ command: BrokerCommand, subscription: Subscription? = nil, reply: Reply) {
         self.command = command
         self.subscription = subscription
         self.reply = reply
+    }
+
+    public init(
+        _ command: BrokerCommand, subscription: Subscription? = nil,
+        reply: @escaping @Sendable (Result<BrokerAnswer, BrokerError>) -> Void
+    ) {
+        self.init(command, subscription: subscription, reply: Reply(reply))
     }
 }
 
@@ -146,9 +153,17 @@ public final class Broker: Sendable {
     /// Carries out `command` for a peer. A `subscribe` needs the `subscription` its pushes will be queued in.
     public func handle(
         _ command: BrokerCommand, context: RequestContext = .owner, subscription: Subscription? = nil,
-        reply: @escaping Reply
+        reply: Reply
     ) {
         handle([BrokerRequest(command, subscription: subscription, reply: reply)], context: context)
+    }
+
+    /// `handle(_:context:subscription:reply:)` with a closure for the answer.
+    public func handle(
+        _ command: BrokerCommand, context: RequestContext = .owner, subscription: Subscription? = nil,
+        reply: @escaping @Sendable (Result<BrokerAnswer, BrokerError>) -> Void
+    ) {
+        handle(command, context: context, subscription: subscription, reply: Reply(reply))
     }
 
     /// Carries out the requests of one read cycle of a peer, in order. Reads are answered before this returns
@@ -204,11 +219,11 @@ public final class Broker: Sendable {
 
     /// `reply`, after every interceptor that observes has seen the outcome and how long it took (`reply` itself
     /// when none does: at the default log level a request costs no clock read and no closure here).
-    private func observed(_ command: BrokerCommand, context: RequestContext, _ reply: @escaping Reply) -> Reply {
+    private func observed(_ command: BrokerCommand, context: RequestContext, _ reply: Reply) -> Reply {
         let interceptors = observers
         if interceptors.isEmpty { return reply }
         let start = ContinuousClock.now
-        return { outcome in
+        return Reply { outcome in
             let duration = ContinuousClock.now - start
             for interceptor in interceptors {
                 interceptor.observe(command, context: context, outcome: outcome, duration: duration)
@@ -218,7 +233,7 @@ public final class Broker: Sendable {
     }
 
     private func perform(
-        _ command: BrokerCommand, context: RequestContext, subscription: Subscription?, reply: @escaping Reply
+        _ command: BrokerCommand, context: RequestContext, subscription: Subscription?, reply: Reply
     ) {
         switch command {
         case .listEngines: reply(.success(.engines(environment.engines.engineList())))

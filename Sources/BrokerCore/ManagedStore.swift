@@ -3,8 +3,40 @@ import Locking
 import Logging
 import StoreModel
 
-/// How the broker answers a request: once, from whatever thread finished it.
-public typealias Reply = @Sendable (Result<BrokerAnswer, BrokerError>) -> Void
+/// Where the broker's answers to a peer's requests go: one receiver per peer (a connection), each answer with the
+/// token its request was handed in with.
+public protocol ReplyReceiver: AnyObject, Sendable {
+    func receive(_ result: Result<BrokerAnswer, BrokerError>, token: UInt64)
+}
+
+/// How the broker answers a request: once, from whatever thread finished it (`reply(result)`).
+///
+/// A receiver and a token, not a closure: a connection hands every request the same receiver, so a request
+/// costs no allocation here (a closure capturing the request's slot was one allocation per request, 11% of a
+/// pipelined insert's). A closure can still be the receiver (`Reply { result in ... }`).
+public struct Reply: Sendable {
+    private let receiver: any ReplyReceiver
+    private let token: UInt64
+
+    public init(_ receiver: any ReplyReceiver, token: UInt64) {
+        self.receiver = receiver
+        self.token = token
+    }
+
+    public init(_ body: @escaping @Sendable (Result<BrokerAnswer, BrokerError>) -> Void) {
+        self.init(ClosureReceiver(body), token: 0)
+    }
+
+    public func callAsFunction(_ result: Result<BrokerAnswer, BrokerError>) {
+        receiver.receive(result, token: token)
+    }
+
+    private final class ClosureReceiver: ReplyReceiver {
+        let body: @Sendable (Result<BrokerAnswer, BrokerError>) -> Void
+        init(_ body: @escaping @Sendable (Result<BrokerAnswer, BrokerError>) -> Void) { self.body = body }
+        func receive(_ result: Result<BrokerAnswer, BrokerError>, token: UInt64) { body(result) }
+    }
+}
 
 /// A write waiting for the store's writer.
 struct PendingWrite: QueuedWrite {
@@ -206,7 +238,7 @@ final class ManagedStore: Sendable {
 
     /// Answers from the committed state once loaded.
     private func read(
-        _ reply: @escaping Reply,
+        _ reply: Reply,
         _ body: @escaping @Sendable (borrowing StoreContents, Position) -> Result<BrokerAnswer, BrokerError>
     ) {
         // A loaded store (nearly always) is read in one acquisition of its lock, not one to see that it is loaded
@@ -222,7 +254,7 @@ final class ManagedStore: Sendable {
         }
     }
 
-    func info(_ reply: @escaping Reply) {
+    func info(_ reply: Reply) {
         whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
             reply(.success(.storeInfo(self.currentInfo())))
@@ -238,20 +270,20 @@ final class ManagedStore: Sendable {
         }
     }
 
-    func count(_ reply: @escaping Reply) {
+    func count(_ reply: Reply) {
         read(reply) { contents, position in
             .success(.count(position, UInt64(contents.count)))
         }
     }
 
-    func items(_ ids: [ItemID], _ reply: @escaping Reply) {
+    func items(_ ids: [ItemID], _ reply: Reply) {
         read(reply) { contents, position in
             let slots = ids.map { id in contents.record(id).map(ItemSlot.present) ?? .missing(id) }
             return .success(.items(position, slots))
         }
     }
 
-    func range(after cursor: ItemID?, limit: UInt32, _ reply: @escaping Reply) {
+    func range(after cursor: ItemID?, limit: UInt32, _ reply: Reply) {
         read(reply) { contents, position in
             guard let records = contents.records(after: cursor, limit: Int(limit)) else {
                 return .failure(Self.cursorGone(cursor, store: self.name))
@@ -260,7 +292,7 @@ final class ManagedStore: Sendable {
         }
     }
 
-    func ids(after cursor: ItemID?, limit: UInt32, _ reply: @escaping Reply) {
+    func ids(after cursor: ItemID?, limit: UInt32, _ reply: Reply) {
         read(reply) { contents, position in
             guard let ids = contents.ids(after: cursor, limit: Int(limit)) else {
                 return .failure(Self.cursorGone(cursor, store: self.name))
@@ -280,7 +312,7 @@ final class ManagedStore: Sendable {
 
     /// Registers `subscription`: a snapshot, or the events after a resume point, or `historyGone` and a
     /// snapshot; then every event. The pushes are queued before the answer is given.
-    func subscribe(_ subscription: Subscription, start: SubscriptionStart, _ reply: @escaping Reply) {
+    func subscribe(_ subscription: Subscription, start: SubscriptionStart, _ reply: Reply) {
         whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
             self.state.withLock { state in

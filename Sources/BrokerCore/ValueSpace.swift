@@ -159,7 +159,7 @@ final class ValueSpace: Sendable {
     }
 
     /// `valueResult`: an unset value answers state `unset`, with its sequence.
-    func get(_ name: String, _ reply: @escaping Reply) {
+    func get(_ name: String, _ reply: Reply) {
         whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
             let answer = self.state.withLock { state in
@@ -172,7 +172,7 @@ final class ValueSpace: Sendable {
     }
 
     /// Every value ever set (reset ones too, unset), in name byte order, that `grant` lets its peer read.
-    func list(readableBy grant: Grant, _ reply: @escaping Reply) {
+    func list(readableBy grant: Grant, _ reply: Reply) {
         whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
             let listed = self.state.withLock { state in
@@ -185,7 +185,7 @@ final class ValueSpace: Sendable {
         }
     }
 
-    func subscribe(_ subscription: Subscription, start: SubscriptionStart, _ reply: @escaping Reply) {
+    func subscribe(_ subscription: Subscription, start: SubscriptionStart, _ reply: Reply) {
         whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
             let name = subscription.name

@@ -41,6 +41,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private var writes: [BrokerRequest] = []
     private var spareWrites: [BrokerRequest] = []
     private let inbox = AnswerInbox()
+    /// Where the broker's answers to this connection go (made with the context; it holds this handler, so it is
+    /// let go at removal).
+    private var replies: ConnectionReplies?
     /// Answers taken into the machine together, as one event, once the actions are done: write answers given
     /// on this loop while actions were being performed (a commit made on the event loop), and the inbox's.
     private var answeredHere: [AnswerInbox.Answer] = []
@@ -94,6 +97,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
         let subscriberBuffer = subscriberBuffer
         let inbox = inbox
+        replies = ConnectionReplies(loop: loop, inbox: inbox)
         machine = ConnectionStateMachine(
             configuration: .init(
                 limits: limits, timeouts: timeouts, highWatermark: Self.writeBufferWaterMark.high),
@@ -116,6 +120,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     func handlerRemoved(context: ChannelHandlerContext) {
         self.context = nil
         machine = nil
+        replies = nil
         pending = []
         writes = []
         spareWrites = []
@@ -328,22 +333,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         case .read:
             context.read()
         case .start(let slot, let command, let subscription):
-            let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
-            let inbox = inbox
-            let isWrite = command.isWrite
-            let reply: Reply = { result in
-                if loop.eventLoop.inEventLoop {
-                    // A read answered at once must count before the next request starts: at once. Writes answered
-                    // on this loop gather until the actions are done.
-                    if isWrite, loop.value.performing {
-                        loop.value.answeredHere.append((slot, result))
-                    } else {
-                        loop.value.event { $0.answered(slot: slot, result, io: $1) }
-                    }
-                } else if inbox.post(slot, result) {
-                    HandOffs.handOff { loop.eventLoop.execute { loop.value.takeInbox() } }
-                }
-            }
+            guard let replies else { return }
+            let reply = Reply(replies, token: ConnectionReplies.token(slot: slot, isWrite: command.isWrite))
             if command.isWrite {
                 writes.append(BrokerRequest(command, subscription: subscription, reply: reply))
             } else {
@@ -386,8 +377,17 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
     }
 
+    /// An answer given on this loop.
+    fileprivate func answer(slot: UInt64, _ result: Result<BrokerAnswer, BrokerError>, isWrite: Bool) {
+        if isWrite, performing {
+            answeredHere.append((slot, result))
+        } else {
+            event { $0.answered(slot: slot, result, io: $1) }
+        }
+    }
+
     /// Everything answered from other threads since the last time, as one event, after the pushes waiting.
-    private func takeInbox() {
+    fileprivate func takeInbox() {
         let (answers, pushes) = inbox.takeAll()
         pushesHere = pushesHere || pushes
         answeredHere.append(contentsOf: answers)
@@ -401,6 +401,33 @@ final class ConnectionHandler: ChannelDuplexHandler {
         guard let context else { return nil }
         let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
         return context.eventLoop.scheduleTask(in: delay) { loop.value.event(body) }
+    }
+}
+
+/// The broker's answers to one connection: on its event loop they go into the machine (a read's at once, for it
+/// must count before the next request starts; a write's gathered until the actions being performed are done),
+/// from other threads into the inbox, which the loop empties in one task.
+private final class ConnectionReplies: ReplyReceiver {
+    private let loop: NIOLoopBound<ConnectionHandler>
+    private let inbox: AnswerInbox
+    /// A token's top bit: the request is a write.
+    private static let writeBit: UInt64 = 1 << 63
+
+    init(loop: NIOLoopBound<ConnectionHandler>, inbox: AnswerInbox) {
+        self.loop = loop
+        self.inbox = inbox
+    }
+
+    static func token(slot: UInt64, isWrite: Bool) -> UInt64 { isWrite ? slot | writeBit : slot }
+
+    func receive(_ result: Result<BrokerAnswer, BrokerError>, token: UInt64) {
+        let slot = token & ~Self.writeBit
+        if loop.eventLoop.inEventLoop {
+            loop.value.answer(slot: slot, result, isWrite: token & Self.writeBit != 0)
+        } else if inbox.post(slot, result) {
+            let loop = loop
+            HandOffs.handOff { loop.eventLoop.execute { loop.value.takeInbox() } }
+        }
     }
 }
 

@@ -291,7 +291,7 @@ private final class Answers: @unchecked Sendable {
     /// What the writer waits for, decided without a clock.
     @Test func gatheringWaitsOnlyForWritersItAnsweredAfterASlowApply() {
         func writes(_ submitters: [UInt64]) -> [PendingWrite] {
-            submitters.map { PendingWrite(kind: .drop, condition: .unconditional, submitter: $0, reply: { _ in }) }
+            submitters.map { PendingWrite(kind: .drop, condition: .unconditional, submitter: $0, reply: Reply { _ in }) }
         }
         var gathering = GroupGathering()
         // Slow: the four answered are awaited; the wait is as long as the apply; the last to come back ends it.
