@@ -89,10 +89,11 @@ struct ConnectionStateMachine {
     /// Requests not yet answered on the wire, in request order; `base` is the absolute index of the first.
     private var slots = Deque<Slot>()
     private var base: UInt64 = 0
-    /// Writes whose answer has not arrived, in slot order (writes start in slot order). Answered ones are
-    /// removed from `answeredWrites` lazily at the front, so the oldest open write is found in O(1) amortized.
+    /// Writes whose answer has not arrived, in slot order (writes start in slot order). An answered one is marked
+    /// (`answeredBit`) and removed lazily at the front, so the oldest open write is found in O(1) amortized (a
+    /// `Set` of the answered ones hashed every answer twice: 1.6% of a pipelined insert's time).
     private var openWrites = Deque<UInt64>()
-    private var answeredWrites = Set<UInt64>()
+    private static let answeredBit: UInt64 = 1 << 63
     /// Requests held back so that a read sees this connection's earlier writes (and later requests keep
     /// their order behind it).
     private var held = Deque<Held>()
@@ -312,7 +313,6 @@ struct ConnectionStateMachine {
         input = ByteBuffer()
         slots = []
         openWrites = []
-        answeredWrites = []
         for subscription in subscriptions.values { emit(.unsubscribe(subscription)) }
         subscriptions = [:]
         flowing = []
@@ -515,7 +515,7 @@ struct ConnectionStateMachine {
     /// A read waits for this connection's earlier writes, so a client reads its own writes.
     private mutating func mayStart(_ request: ConnectionRequest, slot: UInt64) -> Bool {
         if request.isWrite { return true }
-        while let oldest = openWrites.first, answeredWrites.remove(oldest) != nil { openWrites.removeFirst() }
+        while let oldest = openWrites.first, oldest & Self.answeredBit != 0 { openWrites.removeFirst() }
         return (openWrites.first ?? .max) > slot
     }
 
@@ -559,8 +559,9 @@ struct ConnectionStateMachine {
 
     /// Keeps the answer of `slot` until the answers before it have gone out.
     private mutating func record(slot: UInt64, _ result: Result<ServerMessage, WireError>) {
-        let wasWrite = isOpenWrite(slot)
-        if wasWrite { answeredWrites.insert(slot) }
+        let openWrite = openWriteIndex(slot)
+        if let openWrite { openWrites[openWrite] |= Self.answeredBit }
+        let wasWrite = openWrite != nil
         guard slot >= base, slot - base < UInt64(slots.count) else { return }  // the connection went away
         let index = Int(slot - base)
         let id = slots[index].id
@@ -603,16 +604,18 @@ struct ConnectionStateMachine {
         if wasWrite { startHeld() }
     }
 
-    private func isOpenWrite(_ slot: UInt64) -> Bool {
-        guard let first = openWrites.first, slot >= first, !answeredWrites.contains(slot) else { return false }
+    /// Where `slot` is in `openWrites`, if it is a write not answered yet.
+    private func openWriteIndex(_ slot: UInt64) -> Int? {
+        guard let first = openWrites.first, slot >= first & ~Self.answeredBit else { return nil }
         // Slots are increasing: a binary search finds it.
         var low = 0
         var high = openWrites.count
         while low < high {
             let middle = (low + high) / 2
-            if openWrites[middle] < slot { low = middle + 1 } else { high = middle }
+            if openWrites[middle] & ~Self.answeredBit < slot { low = middle + 1 } else { high = middle }
         }
-        return low < openWrites.count && openWrites[low] == slot
+        // Equal only while unanswered: an answered one carries the mark.
+        return low < openWrites.count && openWrites[low] == slot ? low : nil
     }
 
     /// Writes the answers that are next in request order.
