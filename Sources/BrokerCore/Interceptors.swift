@@ -268,12 +268,13 @@ public struct LimitsInterceptor: RequestInterceptor {
 
     private func checkItems(_ items: [Item], total: Int) throws(BrokerError) {
         try checkBatch(total)
-        for item in items {
-            try checkID(item.id)
-            if item.payload.count > maxItemLength {
+        for index in items.indices {
+            try checkID(items[index].id)
+            if items[index].payload.count > maxItemLength {
+                let id = items[index].id.string.prefix(64)
                 throw BrokerError(
                     .itemTooLarge,
-                    "item \(String(item.id.string.prefix(64)).debugDescription) is \(item.payload.count) bytes; "
+                    "item \(String(id).debugDescription) is \(items[index].payload.count) bytes; "
                         + "the limit is \(maxItemLength)")
             }
         }

@@ -214,7 +214,10 @@ public enum Naming {
         let count = id.string.utf8.count
         if count == 0 { return "an id cannot be empty" }
         if count > maxIDLength { return "an id is at most \(maxIDLength) bytes, got \(count)" }
-        if id.string.utf8.contains(0) { return "an id cannot contain U+0000" }
+        // Every item of every write is checked: the bytes are searched in place, not iterated one by one.
+        let utf8 = id.string.utf8
+        let hasNUL = utf8.withContiguousStorageIfAvailable { memchr($0.baseAddress!, 0, $0.count) != nil } ?? utf8.contains(0)
+        if hasNUL { return "an id cannot contain U+0000" }
         return nil
     }
 }
