@@ -94,6 +94,32 @@ import Wire
         #expect(count.count == 1 && count.sequence == 1)
     }
 
+    /// Writes answered out of order leave in request order; answers given in order leave as one write (encoded
+    /// into the turn's buffer, not a buffer each).
+    @Test func writeAnswersLeaveInRequestOrderAndInOrderOnesAsOneWrite() throws {
+        let h = Harness()
+        let inserts = (1...6).map { n in
+            (ClientMessage.insert(.init(store: "s\(n)", items: [Item(id: "a", payload: Payload("\(n)"))])), UInt32(n))
+        }
+        var step = h.take(h.machine.received(try Self.frames(inserts), io: h.io()))
+        #expect(step.starts.map(\.0) == [0, 1, 2, 3, 4, 5])
+        func written(_ sequence: UInt64) -> Result<BrokerAnswer, BrokerError> {
+            .success(.written(.init(committed: true, epoch: 1, sequence: sequence)))
+        }
+        step = h.take(h.machine.answered(slot: 2, written(3), io: h.io()))
+        #expect(step.messages.isEmpty, "the third answer went out before the first")
+        step = h.take(h.machine.answered(slot: 0, written(1), io: h.io()))
+        #expect(step.messages.map(\.0) == [1])
+        step = h.take(h.machine.answered(slot: 1, written(2), io: h.io()))
+        #expect(step.messages.map(\.0) == [2, 3])
+
+        let inOrder: [(UInt64, Result<BrokerAnswer, BrokerError>)] = [(3, written(4)), (4, written(5)), (5, written(6))]
+        let actions = h.machine.answered(inOrder, io: h.io())
+        let writes = actions.filter { if case .write = $0 { true } else { false } }
+        #expect(writes.count == 1, "three answers in order took \(writes.count) writes")
+        #expect(h.take(actions).messages.map(\.0) == [4, 5, 6])
+    }
+
     /// Pushes queued before `subscribed` wait for it; then they follow it, in order.
     @Test func theFirstPushFollowsSubscribed() throws {
         let h = Harness()
