@@ -13,7 +13,7 @@ public protocol ReplyReceiver: AnyObject, Sendable {
 ///
 /// A receiver and a token, not a closure: a connection hands every request the same receiver, so a request
 /// costs no allocation here (a closure capturing the request's slot was one allocation per request, 11% of a
-/// pipelined insert's). A closure can still be the receiver (`Reply { result in ... }`).
+/// pipelined insert's allocations). A closure can still be the receiver (`Reply { result in ... }`).
 public struct Reply: Sendable {
     private let receiver: any ReplyReceiver
     private let token: UInt64

@@ -569,14 +569,7 @@ struct ConnectionStateMachine {
             // Next in request order: it goes out now, encoded where the turn's answers gather, and its slot is
             // free. (An answer that opens a subscription goes through `flushAnswers`, which starts its pushes.)
             if output.capacity == 0 { output = ByteBufferAllocator().buffer(capacity: Self.outputCapacity) }
-            let start = output.writerIndex
-            do {
-                try message.encode(id: id, maxFrameLength: configuration.limits.maxFrameLength, into: &output)
-            } catch {
-                output.moveWriterIndex(to: start)
-                output.writeImmutableBuffer(ServerSession.errorFrame(error, id: id))
-            }
-            emitted += output.writerIndex - start
+            emitted += append(message, id: id, to: &output)
             slots.removeFirst()
             base += 1
             if wasWrite { startHeld() }
@@ -587,11 +580,7 @@ struct ConnectionStateMachine {
         var out = ByteBufferAllocator().buffer(capacity: Self.answerCapacity)
         switch result {
         case .success(let message):
-            do {
-                try message.encode(id: id, maxFrameLength: configuration.limits.maxFrameLength, into: &out)
-            } catch {
-                out = ServerSession.errorFrame(error, id: id)
-            }
+            append(message, id: id, to: &out)
         case .failure(let error):
             out = ServerSession.errorFrame(error, id: id)
             if let subscriptionID = slots[index].opensSubscription {
@@ -602,6 +591,20 @@ struct ConnectionStateMachine {
         slots[index].answer = out
         readyBytes += out.readableBytes
         if wasWrite { startHeld() }
+    }
+
+    /// Appends `message`'s frames to `buffer`, or, when it cannot be sent (too long for a frame, say), the error
+    /// frame that says so in its place; returns the bytes appended.
+    @discardableResult
+    private func append(_ message: ServerMessage, id: UInt32, to buffer: inout ByteBuffer) -> Int {
+        let start = buffer.writerIndex
+        do {
+            try message.encode(id: id, maxFrameLength: configuration.limits.maxFrameLength, into: &buffer)
+        } catch {
+            buffer.moveWriterIndex(to: start)
+            buffer.writeImmutableBuffer(ServerSession.errorFrame(error, id: id))
+        }
+        return buffer.writerIndex - start
     }
 
     /// Where `slot` is in `openWrites`, if it is a write not answered yet.
