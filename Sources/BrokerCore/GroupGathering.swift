@@ -94,8 +94,8 @@ final class Doorbell: @unchecked Sendable {
     func ring() {
         pthread_mutex_lock(mutex)
         rung = true
-        pthread_cond_signal(condition)
         pthread_mutex_unlock(mutex)
+        pthread_cond_signal(condition)  // after unlocking, as `WriterPool.run` does
     }
 
     /// Sleeps until rung (since the last `reset()`) or for `nanoseconds`.
