@@ -12,10 +12,16 @@ import Glibc
 /// answered before it makes its next group: at most as long as that apply took (waiting longer than the apply
 /// it would save is never worth it) and never more than `--max-group-wait`, and only for submitters that have nothing
 /// queued. A lone client, a store whose applies are fast (the memory engine, sqlite `NORMAL`) and pipelined
-/// clients with writes already queued never wait.
+/// clients with writes already queued never wait. Nor does a writer that has just answered `largeGroup` clients
+/// or more: its slow apply was mostly their writes, not the fsync a wait would share, and the last of many
+/// clients comes back late (each loop answers and reads them one by one), so the writer would sit idle while
+/// most of them already wait (sqlite, 50 clients each waiting for its answer: 33,000 inserts/s waiting against
+/// 39,000 not at `FULL`, 40,000 against 47,000 at `NORMAL`; 4 clients at `FULL`: 8,800 against 7,900).
 struct GroupGathering {
     /// Applies faster than this are not worth waiting for.
     static let slowApply: UInt64 = 100_000
+    /// Answered clients from which on a group is large enough without waiting.
+    static let largeGroup = 8
 
     /// Submitters answered by the last group that have nothing queued and have not handed in writes since.
     private(set) var awaiting: Set<UInt64> = []
@@ -38,6 +44,7 @@ struct GroupGathering {
         awaiting.removeAll(keepingCapacity: true)
         guard nanoseconds >= Self.slowApply else { return }
         for write in group { awaiting.insert(write.submitter) }
+        guard awaiting.count < Self.largeGroup else { return awaiting.removeAll(keepingCapacity: true) }
         for write in queued where !awaiting.isEmpty { awaiting.remove(write.submitter) }
     }
 

@@ -315,6 +315,13 @@ private final class Answers: @unchecked Sendable {
         #expect(gathering.beginWait(maximum: 1_000_000) == nil)
         gathering.committed(writes([1, 2, 3]), applyTook: 20_000, queued: writes([]))
         #expect(gathering.beginWait(maximum: 1_000_000) == nil)
+        // A group of `largeGroup` clients or more: no wait (its apply was mostly their writes).
+        gathering.committed(writes(Array(1...8)), applyTook: 400_000, queued: writes([]))
+        #expect(gathering.awaiting.isEmpty)
+        #expect(gathering.beginWait(maximum: 1_000_000) == nil)
+        gathering.committed(writes(Array(1...7) + [7, 7]), applyTook: 400_000, queued: writes([]))
+        #expect(gathering.beginWait(maximum: 1_000_000) == 400_000)
+        gathering.endWait()
         // --max-group-wait 0: never.
         gathering.committed(writes([1, 2, 3]), applyTook: 400_000, queued: writes([]))
         #expect(gathering.beginWait(maximum: 0) == nil)
