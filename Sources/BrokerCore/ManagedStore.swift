@@ -407,7 +407,7 @@ final class ManagedStore: Sendable {
             for write in writes { write.reply(.failure(error)) }
             return
         case .commitHere:
-            return runWriter(groups: 1)
+            return runWriter(groups: WriterPool.groupsPerTurn, itemBudget: Self.inlineItems)
         case .queued:
             break
         }
@@ -431,11 +431,19 @@ final class ManagedStore: Sendable {
         case drop(PendingWrite)
     }
 
+    /// Items an event loop commits for a nonblocking engine before what queued meanwhile goes to the writer pool.
+    /// Writes that other connections (other loops) queue while a loop commits are committed by that loop too,
+    /// group after group, instead of waking a writer thread that hands each answer back (memory engine, 50
+    /// clients each waiting for its answer: 85,000 -> 100,000 inserts/s); the budget keeps one loop from
+    /// committing for long while its own connections wait (a group of large batches goes to the pool).
+    static let inlineItems = 4096
+
     /// The writer's job: commits what is queued, group after group, until the queue is empty (the store then
-    /// holds no thread) or it has made `groups` groups (the rest goes to the writer pool, behind the other
-    /// stores' jobs).
-    private func runWriter(groups: Int) {
-        for _ in 0..<groups {
+    /// holds no thread), it has made `groups` groups, or the groups' items have reached `itemBudget` (the rest
+    /// goes to the writer pool, behind the other stores' jobs).
+    private func runWriter(groups: Int, itemBudget: Int = .max) {
+        var items = 0
+        for _ in 0..<groups where items < itemBudget {
             guard gatherGroup() else { break }
             let batch = state.withLock { state -> Batch? in
                 guard let first = state.pending.first else { return nil }
@@ -458,7 +466,9 @@ final class ManagedStore: Sendable {
             // What the commit gives each connection (events, answers) is handed to it at once, after it.
             HandOffs.gathering {
                 switch batch {
-                case .group(let writes): commit(writes)
+                case .group(let writes):
+                    for index in writes.indices { items += max(1, writes[index].kind.insertedItemCount) }
+                    commit(writes)
                 case .drop(let write): drop(write)
                 }
             }

@@ -9,14 +9,16 @@ import TestSupport
 
 /// A broker over `TestEngine` in a temporary data directory.
 private func withBroker(
-    history: Int = 100, writerThreads: Int = 4, maxGroupWait: Duration = .milliseconds(1), engine: TestEngine = TestEngine(),
-    _ body: (Broker, TestEngine) async throws -> Void
+    history: Int = 100, writerThreads: Int = 4, maxGroupWait: Duration = .milliseconds(1), maxGroupCommit: Int? = nil,
+    engine: TestEngine = TestEngine(), _ body: (Broker, TestEngine) async throws -> Void
 ) async throws {
     try await withTemporaryDirectory(prefix: "sb-core") { directory in
+        var configuration = BrokerConfiguration(
+            dataDirectory: directory, defaultEngine: "test", history: history, writerThreads: writerThreads,
+            maxGroupWait: maxGroupWait)
+        if let maxGroupCommit { configuration.maxGroupCommit = maxGroupCommit }
         let broker = try Broker(
-            configuration: BrokerConfiguration(
-                dataDirectory: directory, defaultEngine: "test", history: history, writerThreads: writerThreads,
-                maxGroupWait: maxGroupWait),
+            configuration: configuration,
             engines: engine, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         try await body(broker, engine)
         await broker.shutdown()
@@ -396,6 +398,41 @@ private final class Answers: @unchecked Sendable {
                     #expect(applyThreads[1] != submitter.withLock { $0 }, "a blocking engine ran on the submitting thread")
                 }
             }
+        }
+    }
+
+    /// Writes queued while a loop commits for a nonblocking engine are committed by that loop too (not handed to a
+    /// writer thread that hands each answer back), until the groups reach `ManagedStore.inlineItems` items; what
+    /// queues after that goes to a writer thread. One write per group here, so the groups are known.
+    @Test func writesQueuedBehindACommitOnTheLoopAreCommittedThereWithinABudget() async throws {
+        let engine = TestEngine(capabilities: [.atomic, .nonblocking])
+        try await withBroker(maxGroupCommit: 1, engine: engine) { broker, engine in
+            _ = await ask(broker, .write(store: "s", .insert([item("created")])))
+            await broker.waitUntilWriterIdle(store: "s")
+            engine.hold()
+            let loop = Mutex<UInt>(0)
+            let answers = Answers()
+            let thread = Thread {
+                loop.withLock { $0 = Writers.thisThread }
+                broker.handle([BrokerRequest(.write(store: "s", .insert([item("a")]))) { answers.add(0, $0) }])
+            }
+            thread.start()
+            #expect(await engine.waitForApplies(2))  // the loop's commit is in the engine; these queue behind it
+            let large = (0..<ManagedStore.inlineItems).map { item("large-\($0)") }
+            broker.handle([
+                BrokerRequest(.write(store: "s", .insert([item("b")]))) { answers.add(1, $0) },
+                BrokerRequest(.write(store: "s", .insert(large))) { answers.add(2, $0) },
+                BrokerRequest(.write(store: "s", .insert([item("c")]))) { answers.add(3, $0) },
+            ])
+            engine.release()
+            try await answers.waitFor(4)
+            #expect(answers.sequences == [2, 3, 4, 5])
+            let threads = engine.state.withLock { $0.applyThreads }
+            let loopThread = loop.withLock { $0 }
+            #expect(threads.count == 5)
+            guard threads.count == 5 else { return }
+            #expect(Array(threads[1...3]) == [loopThread, loopThread, loopThread], "queued writes were handed over")
+            #expect(threads[4] != loopThread, "the loop went on committing past its budget")
         }
     }
 
