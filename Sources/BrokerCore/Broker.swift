@@ -211,8 +211,10 @@ public final class Broker: Sendable {
 
     /// The first interceptor's refusal of `command`, if any.
     private func rejection(of command: BrokerCommand, context: RequestContext) -> BrokerError? {
-        for interceptor in interceptors {
-            if let error = interceptor.check(command, context: context) { return error }
+        // By index: `for interceptor in interceptors` copies each one out, a retain and release of what it holds
+        // (a logger's handler) that every connection's requests share.
+        for index in interceptors.indices {
+            if let error = interceptors[index].check(command, context: context) { return error }
         }
         return nil
     }

@@ -109,7 +109,12 @@ final class ManagedStore: Sendable {
         /// 0 while the store does not exist; +1 per commit.
         var sequence: UInt64 = 0
         var manifest: Manifest?
-        var engine: (any StorageEngine)?
+        var engine: (any StorageEngine)? {
+            didSet { capabilities = engine?.capabilities }
+        }
+        /// `engine`'s capabilities, asked on every submit and group without copying the engine out (a retain
+        /// and release of an object every event loop touches).
+        private(set) var capabilities: EngineCapabilities?
         var engineStore: (any EngineStore)?
         /// The last events, oldest first, within `--history` commits and `--history-bytes`.
         var history = EventHistory()
@@ -394,7 +399,7 @@ final class ManagedStore: Sendable {
             }
             // A drop (files removed) and a store's creation (directory, manifest) touch the disk: the pool's.
             guard state.phase == .ready, !state.writing, state.engineStore != nil,
-                state.engine?.capabilities.contains(.nonblocking) == true,
+                state.capabilities?.contains(.nonblocking) == true,
                 !writes.contains(where: { if case .drop = $0.kind { true } else { false } })
             else { return .queued }
             state.writing = true
@@ -452,7 +457,7 @@ final class ManagedStore: Sendable {
                     return .drop(first)
                 }
                 // An engine without atomic applies gets one request per transaction.
-                let atomic = state.engine?.capabilities.contains(.atomic) ?? true
+                let atomic = state.capabilities?.contains(.atomic) ?? true
                 let limit = atomic ? max(1, environment.configuration.maxGroupCommit) : 1
                 var group: [PendingWrite] = []
                 group.reserveCapacity(min(limit, state.pending.count))
@@ -485,7 +490,7 @@ final class ManagedStore: Sendable {
         let next = state.withLock { state -> Next in
             guard !state.pending.isEmpty else { return .nothingQueued }
             guard !state.stopping, state.pending.count < environment.configuration.maxGroupCommit,
-                let engine = state.engine, !engine.capabilities.contains(.nonblocking)
+                let capabilities = state.capabilities, !capabilities.contains(.nonblocking)
             else { return .go }
             doorbell.reset()
             return state.gathering.beginWait(maximum: maximum).map(Next.wait) ?? .go
@@ -564,7 +569,8 @@ final class ManagedStore: Sendable {
         commits.reserveCapacity(writes.count)
         let steps: [EngineStep]
         do {
-            var planner = WritePlanner(base: committed, items: items, remembered: items - lastItems)
+            // Moved in (a copy would retain the table's storages once more, objects both event loops touch).
+            var planner = WritePlanner(base: consume committed, items: items, remembered: items - lastItems)
             for index in writes.indices {
                 guard case .write(let operation) = writes[index].kind else { preconditionFailure("drops are not grouped") }
                 if let conflict = conflict(writes[index].condition, epoch: epoch, sequence: sequence) {
@@ -593,7 +599,6 @@ final class ManagedStore: Sendable {
             steps = planner.engineSteps
         }
         // The planner and its copy of the committed items are gone: the apply below changes them in place.
-        _ = consume committed
         let finalSequence = sequence
 
         guard finalSequence != base.sequence else {

@@ -569,7 +569,8 @@ struct ConnectionStateMachine {
             // Next in request order: it goes out now, encoded where the turn's answers gather, and its slot is
             // free. (An answer that opens a subscription goes through `flushAnswers`, which starts its pushes.)
             if output.capacity == 0 { output = ByteBufferAllocator().buffer(capacity: Self.outputCapacity) }
-            emitted += append(message, id: id, to: &output)
+            let maxFrameLength = configuration.limits.maxFrameLength
+            emitted += Self.append(message, id: id, maxFrameLength: maxFrameLength, to: &output)
             slots.removeFirst()
             base += 1
             if wasWrite { startHeld() }
@@ -580,7 +581,7 @@ struct ConnectionStateMachine {
         var out = ByteBufferAllocator().buffer(capacity: Self.answerCapacity)
         switch result {
         case .success(let message):
-            append(message, id: id, to: &out)
+            Self.append(message, id: id, maxFrameLength: configuration.limits.maxFrameLength, to: &out)
         case .failure(let error):
             out = ServerSession.errorFrame(error, id: id)
             if let subscriptionID = slots[index].opensSubscription {
@@ -595,11 +596,17 @@ struct ConnectionStateMachine {
 
     /// Appends `message`'s frames to `buffer`, or, when it cannot be sent (too long for a frame, say), the error
     /// frame that says so in its place; returns the bytes appended.
+    ///
+    /// Static: a method of the machine writing into `output`, one of its own properties, made Swift copy the whole
+    /// machine for each call (the read of `self` overlaps the `inout` access), 15 retains and releases of shared
+    /// objects per answer.
     @discardableResult
-    private func append(_ message: ServerMessage, id: UInt32, to buffer: inout ByteBuffer) -> Int {
+    private static func append(
+        _ message: ServerMessage, id: UInt32, maxFrameLength: Int, to buffer: inout ByteBuffer
+    ) -> Int {
         let start = buffer.writerIndex
         do {
-            try message.encode(id: id, maxFrameLength: configuration.limits.maxFrameLength, into: &buffer)
+            try message.encode(id: id, maxFrameLength: maxFrameLength, into: &buffer)
         } catch {
             buffer.moveWriterIndex(to: start)
             buffer.writeImmutableBuffer(ServerSession.errorFrame(error, id: id))
