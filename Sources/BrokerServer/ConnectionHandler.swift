@@ -16,7 +16,8 @@ import Wire
 /// The writes one read cycle starts go to the broker together when the actions are done (`Broker.handle(_:
 /// context:)`: one hand-off per store). Answers from other threads (a writer's commit group, a load) land in
 /// the connection's inbox, and one event-loop task takes whatever has gathered there into the machine as one
-/// event: one hand-off and one flush per batch of answers, not per answer. Pushes waiting in the connection's
+/// event: one flush per batch of answers, not per answer, and one task per loop for all its connections a
+/// commit answered (`LoopMailbox`). Pushes waiting in the connection's
 /// subscriptions go through the same inbox, so what one commit gives a connection (its event in a
 /// subscription and the answer to the write) leaves in one write, the pushes first: a client that follows the
 /// store it writes to is woken once, with its mirror already showing the write when the answer arrives.
@@ -97,7 +98,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
         let subscriberBuffer = subscriberBuffer
         let inbox = inbox
-        replies = ConnectionReplies(loop: loop, inbox: inbox)
+        let mailbox = LoopMailbox.of(context.eventLoop)
+        replies = ConnectionReplies(loop: loop, inbox: inbox, mailbox: mailbox)
         machine = ConnectionStateMachine(
             configuration: .init(
                 limits: limits, timeouts: timeouts, highWatermark: Self.writeBufferWaterMark.high),
@@ -108,8 +110,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
                     wake: {
                         if loop.eventLoop.inEventLoop, loop.value.performing {
                             loop.value.pushesHere = true  // a commit made here: its pushes leave with its answers
-                        } else if inbox.notePushes() {
-                            HandOffs.handOff { loop.eventLoop.execute { loop.value.takeInbox() } }
+                        } else if inbox.notePushes(), mailbox.post(loop) {
+                            HandOffs.handOff { mailbox.schedule() }
                         }
                     })
             })
@@ -387,7 +389,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     /// Everything answered from other threads since the last time, as one event, after the pushes waiting.
-    fileprivate func takeInbox() {
+    func takeInbox() {
         let (answers, pushes) = inbox.takeAll()
         pushesHere = pushesHere || pushes
         answeredHere.append(contentsOf: answers)
@@ -410,12 +412,14 @@ final class ConnectionHandler: ChannelDuplexHandler {
 private final class ConnectionReplies: ReplyReceiver {
     private let loop: NIOLoopBound<ConnectionHandler>
     private let inbox: AnswerInbox
+    private let mailbox: LoopMailbox
     /// A token's top bit: the request is a write.
     private static let writeBit: UInt64 = 1 << 63
 
-    init(loop: NIOLoopBound<ConnectionHandler>, inbox: AnswerInbox) {
+    init(loop: NIOLoopBound<ConnectionHandler>, inbox: AnswerInbox, mailbox: LoopMailbox) {
         self.loop = loop
         self.inbox = inbox
+        self.mailbox = mailbox
     }
 
     static func token(slot: UInt64, isWrite: Bool) -> UInt64 { isWrite ? slot | writeBit : slot }
@@ -424,9 +428,9 @@ private final class ConnectionReplies: ReplyReceiver {
         let slot = token & ~Self.writeBit
         if loop.eventLoop.inEventLoop {
             loop.value.answer(slot: slot, result, isWrite: token & Self.writeBit != 0)
-        } else if inbox.post(slot, result) {
-            let loop = loop
-            HandOffs.handOff { loop.eventLoop.execute { loop.value.takeInbox() } }
+        } else if inbox.post(slot, result), mailbox.post(loop) {
+            let mailbox = mailbox
+            HandOffs.handOff { mailbox.schedule() }
         }
     }
 }
@@ -437,8 +441,8 @@ private struct IOSnapshot {
 }
 
 /// Answers given on other threads (writers) and news of pushes waiting in the connection's subscriptions,
-/// gathered until the connection's event loop takes them: the first of a batch schedules one task on the
-/// loop, the others only join it.
+/// gathered until the connection's event loop takes them: the first of a batch puts the connection in its loop's
+/// mailbox (`LoopMailbox`), the others only join it.
 final class AnswerInbox: Sendable {
     typealias Answer = (UInt64, Result<BrokerAnswer, BrokerError>)
     private struct State {

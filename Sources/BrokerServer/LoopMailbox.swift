@@ -1,0 +1,66 @@
+import Locking
+import NIOCore
+
+/// The connections of one event loop that have answers or pushes waiting in their inboxes, taken by one task on
+/// that loop.
+///
+/// A commit made on another thread (a writer, or the other event loop committing for the memory engine) answers
+/// many connections at once. Each connection gathers its answers in its own inbox; the first answer of a batch
+/// used to schedule a task of its own on the connection's loop (a task, a closure and often a wake-up of the loop
+/// per connection, up to 50 per commit with 50 clients). Now the inbox's connection joins its loop's mailbox, and
+/// only the first connection of a batch schedules the one task that takes them all.
+final class LoopMailbox: Sendable {
+    let eventLoop: any EventLoop
+
+    private struct State {
+        var waiting: [NIOLoopBound<ConnectionHandler>] = []
+        /// The list the last task emptied, kept for the next batch (no allocation per batch).
+        var spare: [NIOLoopBound<ConnectionHandler>] = []
+    }
+    private let state = Locked(State())
+
+    private init(eventLoop: any EventLoop) {
+        self.eventLoop = eventLoop
+    }
+
+    /// Adds a connection whose inbox has just been given something to take; true when the caller must hand off
+    /// `schedule()` (the mailbox was empty: no task is on its way).
+    func post(_ connection: NIOLoopBound<ConnectionHandler>) -> Bool {
+        state.withLock { state in
+            state.waiting.append(connection)
+            return state.waiting.count == 1
+        }
+    }
+
+    /// Schedules the task that takes every connection waiting.
+    func schedule() {
+        eventLoop.execute { self.takeAll() }
+    }
+
+    private func takeAll() {
+        var connections = state.withLock { state in
+            var taken: [NIOLoopBound<ConnectionHandler>] = []
+            swap(&taken, &state.waiting)
+            swap(&state.waiting, &state.spare)
+            return taken
+        }
+        for index in connections.indices { connections[index].value.takeInbox() }
+        connections.removeAll(keepingCapacity: true)
+        state.withLock { state in
+            if state.spare.capacity < connections.capacity { state.spare = connections }
+        }
+    }
+
+    /// The mailbox of `eventLoop` (one per loop for the daemon's life).
+    static func of(_ eventLoop: any EventLoop) -> LoopMailbox {
+        let key = ObjectIdentifier(eventLoop)
+        return mailboxes.withLock { mailboxes in
+            if let existing = mailboxes[key] { return existing }
+            let made = LoopMailbox(eventLoop: eventLoop)
+            mailboxes[key] = made
+            return made
+        }
+    }
+
+    private static let mailboxes = Locked<[ObjectIdentifier: LoopMailbox]>([:])
+}
