@@ -51,16 +51,23 @@ final class LoopMailbox: Sendable {
         }
     }
 
-    /// The mailbox of `eventLoop` (one per loop for the daemon's life).
+    /// The mailbox of `eventLoop`: one per loop while connections of that loop hold it (they keep it, and it keeps
+    /// its loop, alive; the registry only finds it, so that a test's short-lived loops are not kept forever).
     static func of(_ eventLoop: any EventLoop) -> LoopMailbox {
         let key = ObjectIdentifier(eventLoop)
-        return mailboxes.withLock { mailboxes in
-            if let existing = mailboxes[key] { return existing }
+        return registry.withLock { registry in
+            if let existing = registry[key]?.mailbox { return existing }
+            registry = registry.filter { $0.value.mailbox != nil }
             let made = LoopMailbox(eventLoop: eventLoop)
-            mailboxes[key] = made
+            registry[key] = Entry(made)
             return made
         }
     }
 
-    private static let mailboxes = Locked<[ObjectIdentifier: LoopMailbox]>([:])
+    private final class Entry {
+        weak var mailbox: LoopMailbox?
+        init(_ mailbox: LoopMailbox) { self.mailbox = mailbox }
+    }
+
+    private static let registry = Locked<[ObjectIdentifier: Entry]>([:])
 }
