@@ -439,7 +439,7 @@ final class ManagedStore: Sendable {
     /// Items an event loop commits for a nonblocking engine before what queued meanwhile goes to the writer pool.
     /// Writes that other connections (other loops) queue while a loop commits are committed by that loop too,
     /// group after group, instead of waking a writer thread that hands each answer back (memory engine, 50
-    /// clients each waiting for its answer: 85,000 -> 100,000 inserts/s); the budget keeps one loop from
+    /// clients each waiting for its answer: 84,000 -> 98,000 inserts/s); the budget keeps one loop from
     /// committing for long while its own connections wait (a group of large batches goes to the pool).
     static let inlineItems = 4096
 
