@@ -12,8 +12,9 @@ import Glibc
 /// waits (the fan-out benchmark's p99: 2.8 ms against 0.4 ms for the memory engine). Here a store's log hook
 /// only queues the store; the thread opens a connection of its own, runs a PASSIVE checkpoint (which never
 /// blocks the writer) and closes it again, so an idle store holds no second connection, no descriptors and no
-/// thread. Should a log still reach `inlineLimit` pages (the thread cannot keep up), the commit checkpoints
-/// itself, as SQLite would, so the log stays bounded.
+/// thread. A PASSIVE checkpoint seldom catches up while commits go on, so under sustained writes the log reaches
+/// `inlineLimit` pages; there the commit checkpoints itself, as SQLite would, the log starts over, and it stays
+/// bounded.
 final class Checkpointer: @unchecked Sendable {  // all state under `mutex`
     static let shared = Checkpointer()
     static let backgroundPages: Int32 = 1000
@@ -51,9 +52,8 @@ final class Checkpointer: @unchecked Sendable {  // all state under `mutex`
                 sqlite3_wal_checkpoint_v2(db, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
             } else if pages >= target.nextRequest {
                 // Once per `backgroundPages` the log grows, not at every commit past them: a checkpoint's own
-                // fsyncs compete for the disk with the commits' (asked for at every commit, the thread ran one
-                // per 3.5 commits, and a FULL commit's `fdatasync` took 204 µs
-                // instead of 158, both under strace).
+                // fsyncs compete for the disk with the commits' (asked for at every commit, the thread ran one per
+                // 3.5 commits, and a FULL commit's `fdatasync` took 204 µs instead of 158, both under strace).
                 target.nextRequest = pages + Checkpointer.backgroundPages
                 if !Checkpointer.shared.request(target.path) {
                     // No thread: the commit checkpoints itself, as SQLite's automatic checkpoint does.
