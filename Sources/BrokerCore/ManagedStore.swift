@@ -753,7 +753,9 @@ struct EventHistory {
         for step in event.steps {
             switch step {
             case .insert(let records):
-                for record in records { total += 32 + record.id.string.utf8.count + record.payload.count }
+                for index in records.indices {  // not `for record in records`: that copies each record out
+                    total += 32 + records[index].id.string.utf8.count + records[index].payload.count
+                }
             case .remove(let ids):
                 for id in ids { total += 16 + id.string.utf8.count }
             }

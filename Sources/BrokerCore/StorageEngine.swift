@@ -7,27 +7,77 @@ import StoreModel
 
 /// An item as an engine stores it. Keys are raw bytes (the UTF-8 of an item id, for the broker).
 public struct EngineRecord: Hashable, Sendable {
-    /// The key's bytes. A record the broker plans shares them with the item it keeps in memory (a slice of the
-    /// same storage, no copy); the engine loader hands the engine pointers into them.
-    public var keyBytes: ByteBuffer
-    public var payload: ByteBuffer
+    /// The key's bytes then the payload's, the reader index at the payload's first byte: one buffer, as the
+    /// broker keeps an item in memory (`Payload(owning:prefix:)`), so that a record the broker plans shares that
+    /// storage (no copy, one reference) and the engine loader hands the engine pointers into it.
+    private var storage: ByteBuffer
     /// Milliseconds since the Unix epoch.
     public var createdAt: UInt64
     public var updatedAt: UInt64
 
     public init(keyBytes: ByteBuffer, payload: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
-        self.keyBytes = keyBytes
-        self.payload = payload
-        self.createdAt = createdAt
-        self.updatedAt = updatedAt
+        var storage = ByteBufferAllocator().buffer(capacity: keyBytes.readableBytes + payload.readableBytes)
+        storage.writeImmutableBuffer(keyBytes)
+        storage.writeImmutableBuffer(payload)
+        storage.moveReaderIndex(forwardBy: keyBytes.readableBytes)
+        self.init(keyed: storage, createdAt: createdAt, updatedAt: updatedAt)
     }
 
     public init(key: [UInt8], payload: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
         self.init(keyBytes: ByteBuffer(bytes: key), payload: payload, createdAt: createdAt, updatedAt: updatedAt)
     }
 
+    /// A record over `keyed`: its readable bytes are the payload, the bytes before its reader index the key.
+    init(keyed: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
+        self.storage = keyed
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+    }
+
+    /// The key's bytes (a view of the record's storage).
+    public var keyBytes: ByteBuffer {
+        var key = storage
+        key.moveReaderIndex(to: 0)
+        key.moveWriterIndex(to: storage.readerIndex)
+        return key
+    }
+
+    /// The payload's bytes (a view of the record's storage).
+    public var payload: ByteBuffer { storage }
+
     /// The key's bytes, copied.
     public var key: [UInt8] { Array(keyBytes.readableBytesView) }
+
+    /// The key's and the payload's bytes in place, valid while the record lives unchanged (the engine loader
+    /// hands them to the engine for one call).
+    public func withKeyAndPayload<T>(_ body: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) throws -> T) rethrows -> T {
+        try storage.withVeryUnsafeBytesWithStorageManagement { all, _ in
+            try body(
+                UnsafeRawBufferPointer(rebasing: all[0..<storage.readerIndex]),
+                UnsafeRawBufferPointer(rebasing: all[storage.readerIndex..<storage.writerIndex]))
+        }
+    }
+
+    public static func == (lhs: EngineRecord, rhs: EngineRecord) -> Bool {
+        lhs.createdAt == rhs.createdAt && lhs.updatedAt == rhs.updatedAt && lhs.storage.readerIndex == rhs.storage.readerIndex
+            && lhs.keyBytes == rhs.keyBytes && lhs.payload == rhs.payload
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(keyBytes)
+        hasher.combine(payload)
+        hasher.combine(createdAt)
+        hasher.combine(updatedAt)
+    }
+}
+
+extension EngineRecord {
+    /// The engine's record of an item the planner made: its payload holds the id's bytes in front
+    /// (`Payload(owning:prefix:)`), which are the key.
+    init(_ record: ItemRecord) {
+        assert(record.payload.bytes.readerIndex == record.id.string.utf8.count, "a record the planner made")
+        self.init(keyed: record.payload.bytes, createdAt: record.createdAt, updatedAt: record.updatedAt)
+    }
 }
 
 /// One step of an engine transaction.

@@ -61,10 +61,10 @@ public struct StoreContents: Sendable {
 
         /// The record's payload storage when the planner made it with the id in front (`Payload(owning:prefix:)`:
         /// exactly the id then the payload), else a copy made so.
-        init(_ record: ItemRecord) {
-            var text = record.id.string
+        init(id: ItemID, payload: Payload) {
+            var text = id.string
             let made = text.withUTF8 { id -> (ByteBuffer, Int)? in
-                var payload = record.payload.bytes
+                var payload = payload.bytes
                 guard payload.readerIndex == id.count, payload.capacity == payload.writerIndex else { return nil }
                 payload.moveReaderIndex(to: 0)
                 let matches = payload.withUnsafeReadableBytes { all in
@@ -77,7 +77,7 @@ public struct StoreContents: Sendable {
                 self.idLength = length
             } else {
                 let payload = text.withUTF8 { id in
-                    record.payload.bytes.withUnsafeReadableBytes {
+                    payload.bytes.withUnsafeReadableBytes {
                         Payload(owning: $0, prefix: UnsafeRawBufferPointer(id))
                     }
                 }
@@ -187,7 +187,7 @@ public struct StoreContents: Sendable {
             case .insert(let records):
                 for index in records.indices {  // not `for record in records`: that copies each record out
                     table.put(
-                        StoredItem(records[index]),
+                        StoredItem(id: records[index].id, payload: records[index].payload),
                         Stamps(createdAt: records[index].createdAt, updatedAt: records[index].updatedAt))
                 }
             case .remove(let ids):

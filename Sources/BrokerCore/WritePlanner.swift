@@ -118,56 +118,60 @@ struct WritePlanner {
         // index's first bucket read for all ids before any lookup, so that their cache misses overlap (a batch
         // into a large store spent most of its lookups waiting for memory, one miss after another), an empty one
         // saying the id is new without a lookup.
-        let hashes = items.count > 1 ? items.map { $0.id.tableHash } : []
+        //
+        let hashes = items.count > 1 ? Self.hashes(items) : []
         let absent = items.count > 1 && !baseCleared ? base.certainlyAbsent(hashes: hashes) : []
         var seen = PositionIndex()
         if items.count > 1 { seen.reserveCapacity(items.count) }
+        // Items and records are read in place (`items[index].id`), never bound to a local: a bound `Item` or
+        // `ItemRecord` is a copy, a retain and a release of its id's storage and of its payload's.
         for index in items.indices {
-            let (payload, key) = Self.kept(items[index])
-            let id = items[index].id
-            let hash = items.count > 1 ? hashes[index] : id.tableHash
+            let payload = Self.kept(id: items[index].id, payload: items[index].payload)
+            let hash = items.count > 1 ? hashes[index] : items[index].id.tableHash
             if items.count > 1 {
-                if let earlier = seen.position(hash: hash, where: { records[$0].id == id }) {
+                if let earlier = seen.position(hash: hash, where: { records[$0].id == items[index].id }) {
                     records[earlier].payload = payload
-                    engineSteps[firstStep + earlier] = .put(Self.engineRecord(records[earlier], key: key))
-                    if remember, let entry = touched(id, hash: hash) { overlay[entry].touched.record = records[earlier] }
+                    engineSteps[firstStep + earlier] = .put(EngineRecord(records[earlier]))
+                    if remember, let entry = touched(items[index].id, hash: hash) {
+                        overlay[entry].touched.record = records[earlier]
+                    }
                     continue
                 }
                 seen.add(hash: hash, position: records.count)
             }
-            let existing = createdAt(id, hash: hash, notInBase: !absent.isEmpty && absent[index])
-            let record = ItemRecord(id: id, createdAt: existing ?? now, updatedAt: now, payload: payload)
-            records.append(record)
-            engineSteps.append(.put(Self.engineRecord(record, key: key)))
+            let existing = createdAt(items[index].id, hash: hash, notInBase: !absent.isEmpty && absent[index])
+            records.append(ItemRecord(id: items[index].id, createdAt: existing ?? now, updatedAt: now, payload: payload))
+            engineSteps.append(.put(EngineRecord(records[records.count - 1])))
             guard remember else { continue }
-            let entry = touching(id, hash: hash)
-            overlay[entry].touched.record = record
+            let entry = touching(items[index].id, hash: hash)
+            overlay[entry].touched.record = records[records.count - 1]
             if existing == nil {
                 overlay[entry].touched.appendedAt = appended.count
-                appended.append(id)
+                appended.append(items[index].id)
             }
         }
         append(.insert(records: records), to: &events)
     }
 
-    /// The payload of a record: it outlives the request (memory, history), so it owns its bytes, in one
-    /// allocation with the id's bytes in front, as memory keeps an item (`StoreContents`); and the id's bytes
-    /// as a view of that same allocation, for the engine.
-    private static func kept(_ item: Item) -> (payload: Payload, key: ByteBuffer) {
-        let payload = item.payload.bytes.withUnsafeReadableBytes { payload in
-            item.id.string.utf8.withContiguousStorageIfAvailable {
-                Payload(owning: payload, prefix: UnsafeRawBufferPointer($0))
-            } ?? Array(item.id.string.utf8).withUnsafeBytes { Payload(owning: payload, prefix: $0) }
+    /// Each item's id's `tableHash`, read in place through a buffer pointer (`items.map` copied each item out).
+    private static func hashes(_ items: [Item]) -> [Int] {
+        items.withUnsafeBufferPointer { items in
+            var hashes: [Int] = []
+            hashes.reserveCapacity(items.count)
+            for index in items.indices { hashes.append(items[index].id.tableHash) }
+            return hashes
         }
-        var key = payload.bytes
-        let idLength = key.readerIndex
-        key.moveReaderIndex(to: 0)
-        key.moveWriterIndex(to: idLength)
-        return (payload, key)
     }
 
-    private static func engineRecord(_ record: ItemRecord, key: ByteBuffer) -> EngineRecord {
-        EngineRecord(keyBytes: key, payload: record.payload.bytes, createdAt: record.createdAt, updatedAt: record.updatedAt)
+    /// The payload of a record: it outlives the request (memory, history), so it owns its bytes, in one
+    /// allocation with the id's bytes in front, as memory keeps an item (`StoreContents`) and as the engine gets
+    /// its key (`EngineRecord(_:)`).
+    private static func kept(id: ItemID, payload: Payload) -> Payload {
+        payload.bytes.withUnsafeReadableBytes { payload in
+            id.string.utf8.withContiguousStorageIfAvailable {
+                Payload(owning: payload, prefix: UnsafeRawBufferPointer($0))
+            } ?? Array(id.string.utf8).withUnsafeBytes { Payload(owning: payload, prefix: $0) }
+        }
     }
 
     private mutating func remove(_ ids: [ItemID], into events: inout [EventStep]) {

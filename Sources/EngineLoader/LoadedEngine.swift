@@ -275,7 +275,7 @@ enum StepArena {
         _ steps: [EngineStep], _ body: (UnsafePointer<sb_step>?, Int) throws(EngineFailure) -> T
     ) throws(EngineFailure) -> T {
         var total = 0
-        for case .remove(let key) in steps { total += key.count }
+        for index in steps.indices { if case .remove(let key) = steps[index] { total += key.count } }
         // One allocation: the C steps, then the removed keys' bytes.
         let stepBytes = steps.count * MemoryLayout<sb_step>.stride
         // malloc's alignment suits sb_step; Swift's aligned allocation goes through posix_memalign.
@@ -291,21 +291,22 @@ enum StepArena {
             return sb_bytes(data: target.baseAddress!.assumingMemoryBound(to: UInt8.self), length: bytes.count)
         }
         // The storage stays alive and unchanged for the whole call: `steps` holds every buffer, and nothing writes
-        // to them. That is what `WithStorageManagement` hands the storage out for (NIO's own vector writes keep
-        // such pointers the same way).
-        func pointing(at buffer: ByteBuffer) -> sb_bytes {
-            buffer.withUnsafeReadableBytesWithStorageManagement { bytes, _ in
-                sb_bytes(data: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), length: bytes.count)
-            }
+        // to them. That is what `withKeyAndPayload` hands the storage out for (NIO's own vector writes keep such
+        // pointers the same way).
+        func pointing(at bytes: UnsafeRawBufferPointer) -> sb_bytes {
+            bytes.isEmpty ? sb_bytes(data: nil, length: 0)
+                : sb_bytes(data: bytes.baseAddress!.assumingMemoryBound(to: UInt8.self), length: bytes.count)
         }
         let none = sb_bytes(data: nil, length: 0)
-        for (index, step) in steps.enumerated() {
+        for index in steps.indices {  // not `for step in steps`: that copies each step out
             let cStep: sb_step
-            switch step {
+            switch steps[index] {
             case .put(let record):
-                cStep = sb_step(
-                    kind: UInt32(SB_STEP_PUT), reserved: 0, key: pointing(at: record.keyBytes),
-                    payload: pointing(at: record.payload), created_at: record.createdAt, updated_at: record.updatedAt)
+                cStep = record.withKeyAndPayload { key, payload in
+                    sb_step(
+                        kind: UInt32(SB_STEP_PUT), reserved: 0, key: pointing(at: key), payload: pointing(at: payload),
+                        created_at: record.createdAt, updated_at: record.updatedAt)
+                }
             case .remove(let key):
                 cStep = sb_step(
                     kind: UInt32(SB_STEP_REMOVE), reserved: 0, key: key.withUnsafeBytes(place), payload: none,
