@@ -99,6 +99,8 @@ public final class Broker: Sendable {
     public let interceptors: [any RequestInterceptor]
     /// The interceptors whose `observe` does something (`observesOutcomes`), in chain order.
     private let observers: [any RequestInterceptor]
+    /// The interceptors whose `check` can refuse (`checksRequests`), in chain order.
+    private let checkers: [any RequestInterceptor]
     private let environment: StoreEnvironment
     private let stores = Locked<[String: ManagedStore]>([:])
     /// Set by `shutdown`.
@@ -125,6 +127,7 @@ public final class Broker: Sendable {
         self.configuration = configuration
         self.interceptors = interceptors ?? Self.standardInterceptors(configuration: configuration, logger: logger)
         self.observers = self.interceptors.filter(\.observesOutcomes)
+        self.checkers = self.interceptors.filter(\.checksRequests)
         let directory = DataDirectory(root: configuration.dataDirectory)
         for note in try directory.prepare() { logger.warning("data directory of the first layout: \(note)") }
         try directory.removeLeftovers()
@@ -186,14 +189,15 @@ public final class Broker: Sendable {
                 storeWrites.append((name, writes))
             }
         }
-        for request in requests {
-            let command = request.command
-            let reply = observed(command, context: context, request.reply)
-            if let error = rejection(of: command, context: context) {
+        // By index, the command never bound to a local: either copies the request out (a retain and a release
+        // of everything it holds).
+        for index in requests.indices {
+            let reply = observed(requests[index].command, context: context, requests[index].reply)
+            if let error = rejection(of: requests[index].command, context: context) {
                 reply(.failure(error))
                 continue
             }
-            switch command {
+            switch requests[index].command {
             case .write(let name, let write, let condition):
                 add(PendingWrite(kind: .write(write), condition: condition, submitter: context.submitter, reply: reply), to: name)
             case .drop(let name, let condition):
@@ -202,7 +206,7 @@ public final class Broker: Sendable {
                 valueWrites[namespace, default: []].append(
                     .init(name: name, value: value?.owned.bytes, condition: condition, reply: reply))
             default:
-                perform(command, context: context, subscription: request.subscription, reply: reply)
+                perform(requests[index].command, context: context, subscription: requests[index].subscription, reply: reply)
             }
         }
         for (name, writes) in storeWrites { store(name).submit(writes) }
@@ -213,8 +217,8 @@ public final class Broker: Sendable {
     private func rejection(of command: BrokerCommand, context: RequestContext) -> BrokerError? {
         // By index: `for interceptor in interceptors` copies each one out, a retain and release of what it holds
         // (a logger's handler) that every connection's requests share.
-        for index in interceptors.indices {
-            if let error = interceptors[index].check(command, context: context) { return error }
+        for index in checkers.indices {
+            if let error = checkers[index].check(command, context: context) { return error }
         }
         return nil
     }

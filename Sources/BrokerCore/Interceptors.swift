@@ -137,10 +137,14 @@ public protocol RequestInterceptor: Sendable {
     /// Whether `observe` does anything: read once, when the broker is built. When no interceptor observes, a
     /// request's answer goes straight to its connection (no clock read, no closure around it). Defaults to true.
     var observesOutcomes: Bool { get }
+    /// Whether `check` can refuse anything: read once, when the broker is built. An interceptor that only
+    /// observes is not asked per request (asking an interceptor in an array copies it out). Defaults to true.
+    var checksRequests: Bool { get }
 }
 
 extension RequestInterceptor {
     public var observesOutcomes: Bool { true }
+    public var checksRequests: Bool { true }
 
     public func observe(
         _ command: BrokerCommand, context: RequestContext, outcome: Result<BrokerAnswer, BrokerError>,
@@ -293,6 +297,7 @@ public struct RequestLogInterceptor: RequestInterceptor {
     public let logger: Logger
     /// Only at `--log-level debug`, where it logs a line per request.
     public var observesOutcomes: Bool { logger.logLevel <= .debug }
+    public var checksRequests: Bool { false }
 
     public init(logger: Logger) {
         self.logger = logger
