@@ -189,8 +189,8 @@ public final class Broker: Sendable {
                 storeWrites.append((name, writes))
             }
         }
-        // By index, the command never bound to a local: either copies the request out (a retain and a release
-        // of everything it holds).
+        // Each request read in place, by index: binding it or its command to a local copies it (a retain and a
+        // release of everything it holds).
         for index in requests.indices {
             let reply = observed(requests[index].command, context: context, requests[index].reply)
             if let error = rejection(of: requests[index].command, context: context) {

@@ -72,11 +72,16 @@ public struct EngineRecord: Hashable, Sendable {
 }
 
 extension EngineRecord {
-    /// The engine's record of an item the planner made: its payload holds the id's bytes in front
-    /// (`Payload(owning:prefix:)`), which are the key.
+    /// The engine's record of an item record. One the planner made holds the id's bytes in front of its payload
+    /// (`Payload(owning:prefix:)`): they are the key, shared; any other record's id and payload are copied.
     init(_ record: ItemRecord) {
-        assert(record.payload.bytes.readerIndex == record.id.string.utf8.count, "a record the planner made")
-        self.init(keyed: record.payload.bytes, createdAt: record.createdAt, updatedAt: record.updatedAt)
+        if record.payload.bytes.readerIndex == record.id.string.utf8.count {
+            self.init(keyed: record.payload.bytes, createdAt: record.createdAt, updatedAt: record.updatedAt)
+        } else {
+            self.init(
+                key: Array(record.id.string.utf8), payload: record.payload.bytes, createdAt: record.createdAt,
+                updatedAt: record.updatedAt)
+        }
     }
 }
 

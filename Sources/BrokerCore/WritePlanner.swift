@@ -118,7 +118,6 @@ struct WritePlanner {
         // index's first bucket read for all ids before any lookup, so that their cache misses overlap (a batch
         // into a large store spent most of its lookups waiting for memory, one miss after another), an empty one
         // saying the id is new without a lookup.
-        //
         let hashes = items.count > 1 ? Self.hashes(items) : []
         let absent = items.count > 1 && !baseCleared ? base.certainlyAbsent(hashes: hashes) : []
         var seen = PositionIndex()
