@@ -59,8 +59,8 @@ public struct EngineRecord: Hashable, Sendable {
     }
 
     public static func == (lhs: EngineRecord, rhs: EngineRecord) -> Bool {
-        lhs.createdAt == rhs.createdAt && lhs.updatedAt == rhs.updatedAt && lhs.storage.readerIndex == rhs.storage.readerIndex
-            && lhs.keyBytes == rhs.keyBytes && lhs.payload == rhs.payload
+        lhs.createdAt == rhs.createdAt && lhs.updatedAt == rhs.updatedAt && lhs.keyBytes == rhs.keyBytes
+            && lhs.payload == rhs.payload
     }
 
     public func hash(into hasher: inout Hasher) {
