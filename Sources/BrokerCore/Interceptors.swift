@@ -258,6 +258,7 @@ public struct LimitsInterceptor: RequestInterceptor {
         }
     }
 
+    @inline(__always)  // an opaque call would retain each id it is given (see `ItemID.==`)
     private func checkID(_ id: ItemID) throws(BrokerError) {
         if let problem = Naming.problem(withID: id) {
             throw BrokerError(.invalidID, "invalid id \(String(id.string.prefix(64)).debugDescription): \(problem)")

@@ -60,39 +60,45 @@ public struct StoreContents: Sendable {
         }
 
         /// The record's payload storage when the planner made it with the id in front (`Payload(owning:prefix:)`:
-        /// exactly the id then the payload), else a copy made so.
+        /// exactly the id then the payload), else a copy made so. Inlined, the id's bytes read in place: an opaque
+        /// call or a copy of the id's string retains it (see `ItemID.==`).
+        @inline(__always)
         init(id: ItemID, payload: Payload) {
-            var text = id.string
-            let made = text.withUTF8 { id -> (ByteBuffer, Int)? in
-                var payload = payload.bytes
-                guard payload.readerIndex == id.count, payload.capacity == payload.writerIndex else { return nil }
-                payload.moveReaderIndex(to: 0)
-                let matches = payload.withUnsafeReadableBytes { all in
-                    id.count == 0 || memcmp(all.baseAddress!, id.baseAddress!, id.count) == 0
-                }
-                return matches ? (payload, id.count) : nil
-            }
-            if let (bytes, length) = made {
-                self.bytes = bytes
-                self.idLength = length
-            } else {
-                let payload = text.withUTF8 { id in
-                    payload.bytes.withUnsafeReadableBytes {
-                        Payload(owning: $0, prefix: UnsafeRawBufferPointer(id))
+            let shared = id.string.utf8.withContiguousStorageIfAvailable { id in
+                payload.bytes.readerIndex == id.count && payload.bytes.capacity == payload.bytes.writerIndex
+                    && payload.bytes.withVeryUnsafeBytes { all in
+                        id.count == 0 || memcmp(all.baseAddress!, id.baseAddress!, id.count) == 0
                     }
-                }
-                var bytes = payload.bytes
-                self.idLength = bytes.readerIndex
-                bytes.moveReaderIndex(to: 0)
-                self.bytes = bytes
             }
+            if shared == true {
+                var bytes = payload.bytes
+                bytes.moveReaderIndex(to: 0)
+                self.init(bytes: bytes, idLength: payload.bytes.readerIndex)
+            } else {
+                self.init(copying: id, payload: payload)
+            }
+        }
+
+        private init(copying id: ItemID, payload: Payload) {
+            var text = id.string
+            let payload = text.withUTF8 { id in
+                payload.bytes.withUnsafeReadableBytes { Payload(owning: $0, prefix: UnsafeRawBufferPointer(id)) }
+            }
+            var bytes = payload.bytes
+            let idLength = bytes.readerIndex
+            bytes.moveReaderIndex(to: 0)
+            self.init(bytes: bytes, idLength: idLength)
+        }
+
+        private init(bytes: ByteBuffer, idLength: Int) {
+            self.bytes = bytes
+            self.idLength = idLength
         }
 
         init(id: UnsafeRawBufferPointer, payload: UnsafeRawBufferPointer) {
             var bytes = Payload(owning: payload, prefix: id).bytes
             bytes.moveReaderIndex(to: 0)
-            self.bytes = bytes
-            self.idLength = id.count
+            self.init(bytes: bytes, idLength: id.count)
         }
 
         func record(createdAt: UInt64, updatedAt: UInt64, id: ItemID? = nil) -> ItemRecord {

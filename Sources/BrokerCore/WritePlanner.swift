@@ -58,6 +58,7 @@ struct WritePlanner {
 
     /// When `id` was created, if it is present after the requests planned so far.
     /// `notInBase`: the committed contents are known not to hold `id` (`StoreContents.certainlyAbsent(hashes:)`).
+    @inline(__always)  // an opaque call would retain the id it is given (see `ItemID.==`)
     private func createdAt(_ id: ItemID, hash: Int? = nil, notInBase: Bool = false) -> UInt64? {
         let hash = hash ?? id.tableHash
         if !overlay.isEmpty, let position = touched(id, hash: hash) { return overlay[position].touched.record?.createdAt }
@@ -129,8 +130,9 @@ struct WritePlanner {
             let hash = items.count > 1 ? hashes[index] : items[index].id.tableHash
             if items.count > 1 {
                 if let earlier = seen.position(hash: hash, where: { records[$0].id == items[index].id }) {
+                    engineSteps[firstStep + earlier] = .put(
+                        EngineRecord(keyed: payload.bytes, createdAt: records[earlier].createdAt, updatedAt: now))
                     records[earlier].payload = payload
-                    engineSteps[firstStep + earlier] = .put(EngineRecord(records[earlier]))
                     if remember, let entry = touched(items[index].id, hash: hash) {
                         overlay[entry].touched.record = records[earlier]
                     }
@@ -139,8 +141,10 @@ struct WritePlanner {
                 seen.add(hash: hash, position: records.count)
             }
             let existing = createdAt(items[index].id, hash: hash, notInBase: !absent.isEmpty && absent[index])
+            // The engine's record straight from the kept payload (the id's bytes are in front of it), not from the
+            // item record: that would copy the record.
+            engineSteps.append(.put(EngineRecord(keyed: payload.bytes, createdAt: existing ?? now, updatedAt: now)))
             records.append(ItemRecord(id: items[index].id, createdAt: existing ?? now, updatedAt: now, payload: payload))
-            engineSteps.append(.put(EngineRecord(records[records.count - 1])))
             guard remember else { continue }
             let entry = touching(items[index].id, hash: hash)
             overlay[entry].touched.record = records[records.count - 1]
@@ -152,19 +156,19 @@ struct WritePlanner {
         append(.insert(records: records), to: &events)
     }
 
-    /// Each item's id's `tableHash`, read in place through a buffer pointer (`items.map` copied each item out).
+    /// Each item's id's `tableHash`, read in place (`items.map` copied each item out; `ItemID.tableHash` is
+    /// inlined, so nothing is retained).
     private static func hashes(_ items: [Item]) -> [Int] {
-        items.withUnsafeBufferPointer { items in
-            var hashes: [Int] = []
-            hashes.reserveCapacity(items.count)
-            for index in items.indices { hashes.append(items[index].id.tableHash) }
-            return hashes
-        }
+        var hashes: [Int] = []
+        hashes.reserveCapacity(items.count)
+        for index in items.indices { hashes.append(items[index].id.tableHash) }
+        return hashes
     }
 
     /// The payload of a record: it outlives the request (memory, history), so it owns its bytes, in one
     /// allocation with the id's bytes in front, as memory keeps an item (`StoreContents`) and as the engine gets
     /// its key (`EngineRecord(_:)`).
+    @inline(__always)
     private static func kept(id: ItemID, payload: Payload) -> Payload {
         payload.bytes.withUnsafeReadableBytes { payload in
             id.string.utf8.withContiguousStorageIfAvailable {

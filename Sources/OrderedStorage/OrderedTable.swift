@@ -180,10 +180,10 @@ public struct OrderedTable<Key: TableKey, Value> {
         return true
     }
 
-    /// Sets `key`; returns the previous value.
+    /// Sets `key`; returns the previous value. Key and value are taken, not copied (a key is often a reference).
     @discardableResult
     @inlinable
-    public mutating func put(_ key: Key, _ value: Value) -> Value? {
+    public mutating func put(_ key: consuming Key, _ value: consuming Value) -> Value? {
         let hash = key.tableHash
         let probe = find(key, hash: hash)
         if let bucket = probe.found {

@@ -25,7 +25,7 @@ struct SegmentedArray<Element> {
     }
 
     @inlinable
-    mutating func append(_ element: Element) {
+    mutating func append(_ element: consuming Element) {
         if storedCount & Self.offsetMask == 0 { segments.append([]) }
         segments[segments.count - 1].append(element)
         storedCount += 1

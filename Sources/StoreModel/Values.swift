@@ -27,7 +27,9 @@ public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomS
     // table): both read the UTF-8 bytes in place (a native or small string has them contiguous), never
     // iterating the view element by element nor copying the string.
 
-    @inlinable
+    // Always inlined: an opaque call taking an id read from an array or a buffer makes the caller retain the
+    // id's string around it (two atomic operations per id, several times per item of a batch).
+    @inlinable @inline(__always)
     public static func == (lhs: ItemID, rhs: ItemID) -> Bool {
         let left = lhs.string.utf8, right = rhs.string.utf8
         guard left.count == right.count else { return false }
@@ -39,12 +41,23 @@ public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomS
         return (same ?? nil) ?? left.elementsEqual(right)
     }
 
-    @inlinable
+    @inlinable @inline(__always)
     public func hash(into hasher: inout Hasher) {
         let utf8 = string.utf8
         if utf8.withContiguousStorageIfAvailable({ hasher.combine(bytes: UnsafeRawBufferPointer($0)) }) == nil {
             Array(utf8).withUnsafeBytes { hasher.combine(bytes: $0) }
         }
+    }
+
+    /// `hashValue`, spelled out so that it inlines (see `==`): the whole hash computed inside the closure that
+    /// sees the bytes (finalized outside it, the optimizer kept a retain of the string around the call).
+    @inlinable @inline(__always)
+    public var tableHash: Int {
+        string.utf8.withContiguousStorageIfAvailable { bytes in
+            var hasher = Hasher()
+            hasher.combine(bytes: UnsafeRawBufferPointer(bytes))
+            return hasher.finalize()
+        } ?? hashValue
     }
 
     /// Byte order of the UTF-8 encoding.
@@ -78,7 +91,7 @@ public struct Payload: Hashable, Sendable, Codable, CustomStringConvertible {
         self.bytes = ByteBuffer(string: text)
     }
 
-    public var count: Int { bytes.readableBytes }
+    @inlinable public var count: Int { bytes.readableBytes }
 
     /// The same bytes in storage of their own, sized to them. A payload decoded from a frame is a slice of the
     /// connection's receive buffer and keeps all of it alive; whatever is kept beyond the request (a store's
@@ -209,15 +222,23 @@ public enum Naming {
         return nil
     }
 
-    /// `nil` if `id` is a valid item id, else why not.
+    /// `nil` if `id` is a valid item id, else why not. Every item of every write is checked: inlined, with the
+    /// bytes searched in place (see `ItemID.==`); the explanation is built out of line.
+    @inlinable @inline(__always)
     public static func problem(withID id: ItemID) -> String? {
+        let utf8 = id.string.utf8
+        let valid = utf8.withContiguousStorageIfAvailable { bytes in
+            bytes.count > 0 && bytes.count <= maxIDLength && memchr(bytes.baseAddress!, 0, bytes.count) == nil
+        }
+        return valid == true ? nil : explainProblem(withID: id)
+    }
+
+    @usableFromInline
+    static func explainProblem(withID id: ItemID) -> String? {
         let count = id.string.utf8.count
         if count == 0 { return "an id cannot be empty" }
         if count > maxIDLength { return "an id is at most \(maxIDLength) bytes, got \(count)" }
-        // Every item of every write is checked: the bytes are searched in place, not iterated one by one.
-        let utf8 = id.string.utf8
-        let hasNUL = utf8.withContiguousStorageIfAvailable { memchr($0.baseAddress!, 0, $0.count) != nil } ?? utf8.contains(0)
-        if hasNUL { return "an id cannot contain U+0000" }
+        if id.string.utf8.contains(0) { return "an id cannot contain U+0000" }
         return nil
     }
 }
