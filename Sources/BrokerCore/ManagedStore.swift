@@ -754,10 +754,10 @@ struct EventHistory {
             switch step {
             case .insert(let records):
                 for index in records.indices {  // not `for record in records`: that copies each record out
-                    total += 32 + records[index].id.string.utf8.count + records[index].payload.count
+                    total += 32 + records[index].id.utf8Count + records[index].payload.count
                 }
             case .remove(let ids):
-                for id in ids { total += 16 + id.string.utf8.count }
+                for id in ids { total += 16 + id.utf8Count }
             }
         }
         return total

@@ -75,11 +75,11 @@ extension EngineRecord {
     /// The engine's record of an item record. One the planner made holds the id's bytes in front of its payload
     /// (`Payload(owning:prefix:)`): they are the key, shared; any other record's id and payload are copied.
     init(_ record: ItemRecord) {
-        if record.payload.bytes.readerIndex == record.id.string.utf8.count {
+        if record.payload.bytes.readerIndex == record.id.utf8Count {
             self.init(keyed: record.payload.bytes, createdAt: record.createdAt, updatedAt: record.updatedAt)
         } else {
             self.init(
-                key: Array(record.id.string.utf8), payload: record.payload.bytes, createdAt: record.createdAt,
+                key: record.id.withUTF8 { Array($0) }, payload: record.payload.bytes, createdAt: record.createdAt,
                 updatedAt: record.updatedAt)
         }
     }

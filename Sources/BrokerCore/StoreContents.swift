@@ -37,9 +37,9 @@ public struct StoreContents: Sendable {
             other.bytes.withUnsafeReadableBytes { hasID(UnsafeRawBufferPointer(rebasing: $0[..<other.idLength])) }
         }
 
+        @inline(__always)
         func hasID(_ id: ItemID) -> Bool {
-            id.string.utf8.withContiguousStorageIfAvailable { hasID(UnsafeRawBufferPointer($0)) }
-                ?? Array(id.string.utf8).withUnsafeBytes { hasID($0) }
+            id.withUTF8 { hasID($0) }
         }
 
         private func hasID(_ id: UnsafeRawBufferPointer) -> Bool {
@@ -49,8 +49,9 @@ public struct StoreContents: Sendable {
             }
         }
 
+        /// A view of the id's bytes in the item's storage (no copy; `ItemID.compacted` for one kept longer).
         var id: ItemID {
-            ItemID(bytes.withUnsafeReadableBytes { String(decoding: $0[..<idLength], as: UTF8.self) })
+            ItemID(validatedUTF8: bytes.getSlice(at: 0, length: idLength)!)
         }
 
         var payload: Payload {
@@ -64,13 +65,13 @@ public struct StoreContents: Sendable {
         /// call or a copy of the id's string retains it (see `ItemID.==`).
         @inline(__always)
         init(id: ItemID, payload: Payload) {
-            let shared = id.string.utf8.withContiguousStorageIfAvailable { id in
+            let shared = id.withUTF8 { id in
                 payload.bytes.readerIndex == id.count && payload.bytes.capacity == payload.bytes.writerIndex
                     && payload.bytes.withVeryUnsafeBytes { all in
                         id.count == 0 || memcmp(all.baseAddress!, id.baseAddress!, id.count) == 0
                     }
             }
-            if shared == true {
+            if shared {
                 var bytes = payload.bytes
                 bytes.moveReaderIndex(to: 0)
                 self.init(bytes: bytes, idLength: payload.bytes.readerIndex)
@@ -80,9 +81,8 @@ public struct StoreContents: Sendable {
         }
 
         private init(copying id: ItemID, payload: Payload) {
-            var text = id.string
-            let payload = text.withUTF8 { id in
-                payload.bytes.withUnsafeReadableBytes { Payload(owning: $0, prefix: UnsafeRawBufferPointer(id)) }
+            let payload = id.withUTF8 { id in
+                payload.bytes.withUnsafeReadableBytes { Payload(owning: $0, prefix: id) }
             }
             var bytes = payload.bytes
             let idLength = bytes.readerIndex

@@ -205,7 +205,7 @@ extension BrokerConnection {
             progress(done)
         }
         while let item = try next() {
-            let length = item.id.string.utf8.count + item.payload.count + 8
+            let length = item.id.utf8Count + item.payload.count + 8
             if !current.isEmpty, current.count >= Int(limits.maxBatch) || size + length > budget {
                 ready.append(current)
                 readyBytes += size

@@ -10,65 +10,138 @@ import Glibc
 /// Swift's `String` equality uses Unicode canonical equivalence ("é" precomposed equals "e" + U+0301);
 /// ids must not, so `ItemID` compares and hashes the UTF-8 bytes. Its `string` keeps the bytes exactly as
 /// received.
+///
+/// An id is a `String` or a view of bytes already held elsewhere: a decoded frame (no allocation per id of a
+/// request) or an item the broker keeps, whose storage holds the id in front of the payload (no `String` per
+/// id in memory or history). Both compare, hash and encode alike; `compacted` copies a view that would keep a
+/// larger buffer alive.
 public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomStringConvertible,
     ExpressibleByStringLiteral
 {
-    public var string: String
+    @usableFromInline
+    enum Storage: Sendable {
+        case text(String)
+        /// The readable bytes, valid UTF-8.
+        case bytes(ByteBuffer)
+    }
+
+    @usableFromInline
+    var storage: Storage
 
     public init(_ string: String) {
-        self.string = string
+        storage = .text(string)
     }
 
     public init(stringLiteral value: String) {
-        self.string = value
+        storage = .text(value)
+    }
+
+    /// An id over the readable bytes of `bytes`, which the caller knows are valid UTF-8 (a view of them: no copy).
+    public init(validatedUTF8 bytes: ByteBuffer) {
+        storage = .bytes(bytes)
+    }
+
+    /// An id over the readable bytes of `bytes` (a view of them: no copy); `nil` if they are not valid UTF-8.
+    public init?(utf8 bytes: ByteBuffer) {
+        let valid = bytes.withUnsafeReadableBytes { bytes in
+            // ASCII, the usual case, checked eight bytes at a time; anything else by String's validation.
+            var index = 0
+            while index + 8 <= bytes.count {
+                if bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self) & 0x8080_8080_8080_8080 != 0 { break }
+                index += 8
+            }
+            while index < bytes.count, bytes[index] < 0x80 { index += 1 }
+            return index == bytes.count
+                || String(validating: bytes.bindMemory(to: UInt8.self), as: UTF8.self) != nil
+        }
+        guard valid else { return nil }
+        storage = .bytes(bytes)
+    }
+
+    /// The id as text (a view's bytes are decoded into a new `String`).
+    public var string: String {
+        get {
+            switch storage {
+            case .text(let text): text
+            case .bytes(let bytes): String(decoding: bytes.readableBytesView, as: UTF8.self)
+            }
+        }
+        set { storage = .text(newValue) }
+    }
+
+    /// The id's UTF-8 bytes in place, for the duration of `body`.
+    @inlinable @inline(__always)
+    public func withUTF8<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        switch storage {
+        case .text(let text):
+            if let result = try text.utf8.withContiguousStorageIfAvailable({ try body(UnsafeRawBufferPointer($0)) }) {
+                return result
+            }
+            return try Array(text.utf8).withUnsafeBytes(body)
+        case .bytes(let bytes):
+            return try bytes.withUnsafeReadableBytes(body)
+        }
+    }
+
+    /// How many bytes the id's UTF-8 takes.
+    @inlinable
+    public var utf8Count: Int {
+        switch storage {
+        case .text(let text): text.utf8.count
+        case .bytes(let bytes): bytes.readableBytes
+        }
+    }
+
+    /// The same id, holding no more memory than its own: a view of a larger buffer (a request's frame, a kept
+    /// item's id and payload) becomes a `String`. For ids that outlive what they were read from (history).
+    public var compacted: ItemID {
+        guard case .bytes(let bytes) = storage, bytes.storageCapacity > bytes.readableBytes else { return self }
+        return ItemID(string)
     }
 
     // Equality and hashing run several times per item a request writes (the planner, memory, the engine's
-    // table): both read the UTF-8 bytes in place (a native or small string has them contiguous), never
-    // iterating the view element by element nor copying the string.
-
-    // Always inlined: an opaque call taking an id read from an array or a buffer makes the caller retain the
-    // id's string around it (two atomic operations per id, several times per item of a batch).
+    // table): both read the UTF-8 bytes in place, never iterating element by element nor copying. Always
+    // inlined: an opaque call taking an id read from an array or a buffer makes the caller retain the id's
+    // storage around it (two atomic operations per id, several times per item of a batch).
     @inlinable @inline(__always)
     public static func == (lhs: ItemID, rhs: ItemID) -> Bool {
-        let left = lhs.string.utf8, right = rhs.string.utf8
-        guard left.count == right.count else { return false }
-        let same = left.withContiguousStorageIfAvailable { l in
-            right.withContiguousStorageIfAvailable { r in
-                l.count == 0 || memcmp(l.baseAddress!, r.baseAddress!, l.count) == 0
-            }
+        guard lhs.utf8Count == rhs.utf8Count else { return false }
+        return lhs.withUTF8 { l in
+            rhs.withUTF8 { r in l.count == 0 || memcmp(l.baseAddress!, r.baseAddress!, l.count) == 0 }
         }
-        return (same ?? nil) ?? left.elementsEqual(right)
     }
 
     @inlinable @inline(__always)
     public func hash(into hasher: inout Hasher) {
-        let utf8 = string.utf8
-        if utf8.withContiguousStorageIfAvailable({ hasher.combine(bytes: UnsafeRawBufferPointer($0)) }) == nil {
-            Array(utf8).withUnsafeBytes { hasher.combine(bytes: $0) }
-        }
+        withUTF8 { hasher.combine(bytes: $0) }
     }
 
     /// `hashValue`, spelled out so that it inlines (see `==`): the whole hash computed inside the closure that
     /// sees the bytes (finalized outside it, the optimizer kept a retain of the string around the call).
     @inlinable @inline(__always)
     public var tableHash: Int {
-        string.utf8.withContiguousStorageIfAvailable { bytes in
+        withUTF8 { bytes in
             var hasher = Hasher()
-            hasher.combine(bytes: UnsafeRawBufferPointer(bytes))
+            hasher.combine(bytes: bytes)
             return hasher.finalize()
-        } ?? hashValue
+        }
     }
 
     /// Byte order of the UTF-8 encoding.
     public static func < (lhs: ItemID, rhs: ItemID) -> Bool {
-        lhs.string.utf8.lexicographicallyPrecedes(rhs.string.utf8)
+        lhs.withUTF8 { l in
+            rhs.withUTF8 { r in
+                let common = min(l.count, r.count)
+                let order = common == 0 ? 0 : memcmp(l.baseAddress!, r.baseAddress!, common)
+                return order != 0 ? order < 0 : l.count < r.count
+            }
+        }
     }
 
     public var description: String { string }
 
     public init(from decoder: any Decoder) throws {
-        string = try decoder.singleValueContainer().decode(String.self)
+        storage = .text(try decoder.singleValueContainer().decode(String.self))
     }
 
     public func encode(to encoder: any Encoder) throws {
@@ -116,7 +189,13 @@ public struct Payload: Hashable, Sendable, Codable, CustomStringConvertible {
         if prefix.count > 0 { storage.copyMemory(from: prefix) }
         if bytes.count > 0 { UnsafeMutableRawBufferPointer(rebasing: storage[prefix.count...]).copyMemory(from: bytes) }
         // The default allocator frees with free(), which matches the malloc above.
-        self.init(ByteBuffer(takingOwnershipOf: storage, allocator: ByteBufferAllocator(), readerIndex: prefix.count))
+        self.init(adopting: storage, readerIndex: prefix.count)
+    }
+
+    /// A payload over storage allocated with `malloc` (freed with `free` when the last view goes), its reader
+    /// index at `readerIndex`: the bytes before it a prefix (`init(owning:prefix:)`).
+    public init(adopting storage: UnsafeMutableRawBufferPointer, readerIndex: Int) {
+        self.init(ByteBuffer(takingOwnershipOf: storage, allocator: ByteBufferAllocator(), readerIndex: readerIndex))
     }
 
     public var description: String { "\(count) bytes" }
@@ -226,19 +305,18 @@ public enum Naming {
     /// bytes searched in place (see `ItemID.==`); the explanation is built out of line.
     @inlinable @inline(__always)
     public static func problem(withID id: ItemID) -> String? {
-        let utf8 = id.string.utf8
-        let valid = utf8.withContiguousStorageIfAvailable { bytes in
+        let valid = id.withUTF8 { bytes in
             bytes.count > 0 && bytes.count <= maxIDLength && memchr(bytes.baseAddress!, 0, bytes.count) == nil
         }
-        return valid == true ? nil : explainProblem(withID: id)
+        return valid ? nil : explainProblem(withID: id)
     }
 
     @usableFromInline
     static func explainProblem(withID id: ItemID) -> String? {
-        let count = id.string.utf8.count
+        let count = id.utf8Count
         if count == 0 { return "an id cannot be empty" }
         if count > maxIDLength { return "an id is at most \(maxIDLength) bytes, got \(count)" }
-        if id.string.utf8.contains(0) { return "an id cannot contain U+0000" }
+        if id.withUTF8({ $0.contains(0) }) { return "an id cannot contain U+0000" }
         return nil
     }
 }

@@ -39,12 +39,23 @@ extension ByteBuffer {
 extension ItemID: WireCodable {
     public static var minEncodedLength: Int { 2 }
 
+    /// A view of the frame's bytes (no `String` per id); what keeps an id beyond the request copies it
+    /// (`ItemID.compacted`, or the broker's kept item).
     public init(wire buffer: inout ByteBuffer) throws(WireError) {
-        self.init(try buffer.readWireText("item id"))
+        let length = Int(try buffer.readWire(UInt16.self, "item id"))
+        guard let bytes = buffer.readSlice(length: length) else { throw WireError.truncated("item id") }
+        guard let id = ItemID(utf8: bytes) else { throw WireError.malformed("item id is not valid UTF-8") }
+        self = id
     }
 
     public func encode(wire buffer: inout ByteBuffer) throws(WireError) {
-        try buffer.writeWireText(string, "item id")
+        guard utf8Count <= UInt16.max else {
+            throw WireError.malformed("item id is \(utf8Count) bytes; a text field holds at most 65535")
+        }
+        withUTF8 { bytes in
+            buffer.writeInteger(UInt16(bytes.count))
+            buffer.writeBytes(bytes)
+        }
     }
 }
 
@@ -242,10 +253,10 @@ extension EventStep: WireCodable {
     public func fragments(maxLength: Int) -> [EventStep] {
         switch self {
         case .insert(let records):
-            Self.chunk(records, maxLength: maxLength) { 2 + $0.id.string.utf8.count + 20 + $0.payload.count }
+            Self.chunk(records, maxLength: maxLength) { 2 + $0.id.utf8Count + 20 + $0.payload.count }
                 .map { .insert(records: $0) }
         case .remove(let ids):
-            Self.chunk(ids, maxLength: maxLength) { 2 + $0.string.utf8.count }.map { .remove(ids: $0) }
+            Self.chunk(ids, maxLength: maxLength) { 2 + $0.utf8Count }.map { .remove(ids: $0) }
         }
     }
 

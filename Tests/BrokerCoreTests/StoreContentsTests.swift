@@ -1,6 +1,6 @@
-import BrokerCore
+@testable import BrokerCore
 import NIOCore
-import StoreModel
+@testable import StoreModel
 import Testing
 
 /// Memory keeps an item as one allocation (the id's bytes, then the payload): records read back are the ones
@@ -45,5 +45,41 @@ import Testing
         let address = { (payload: Payload) in payload.bytes.withUnsafeReadableBytes { $0.baseAddress } }
         #expect(address(read.payload) == address(written.payload))
         #expect(read == written)
+    }
+}
+
+/// Ids are decoded as views of the request's frame (no `String` per id): whatever outlives the request (events,
+/// history, memory) holds its own bytes, never the frame.
+@Suite struct KeptIDsTests {
+    @Test func recordsAndRemovedIDsHoldNothingOfTheRequestFrame() throws {
+        let frame = ByteBuffer(string: String(repeating: "x", count: 4096) + "key:000000000001")
+        let id = try #require(ItemID(utf8: frame.getSlice(at: 4096, length: 16)!))
+        var contents = StoreContents()
+        var planner = WritePlanner(base: contents)
+        let planned = planner.plan(.insert([Item(id: id, payload: Payload(ByteBuffer(string: "p")))]), now: 1)
+        let inserted = try #require(planned)
+        guard case .insert(let records) = inserted[0], case .bytes(let kept) = records[0].id.storage else {
+            Issue.record("the record's id is not a view")
+            return
+        }
+        // A view of the item's own storage: its id then its payload, 17 bytes, not the 4,112-byte frame.
+        #expect(records[0].id == id && kept.storageCapacity == 17 && records[0].payload.bytes.storageCapacity == 17)
+        contents.apply(inserted)
+
+        var remover = WritePlanner(base: contents)
+        let plannedRemoval = remover.plan(.remove([id]), now: 2)
+        let removed = try #require(plannedRemoval)
+        guard case .remove(let ids) = removed[0], case .text = ids[0].storage else {
+            Issue.record("a removed id kept a view of the frame")
+            return
+        }
+        var clearer = WritePlanner(base: contents)
+        let plannedClear = clearer.plan(.removeAll, now: 2)
+        let cleared = try #require(plannedClear)
+        guard case .remove(let all) = cleared[0], case .text = all[0].storage else {
+            Issue.record("a removeAll's id kept a view of the removed item")
+            return
+        }
+        #expect(ids == [id] && all == [id])
     }
 }

@@ -1,6 +1,7 @@
 import NIOCore
 import NIOTestUtils
 import Testing
+@testable import StoreModel
 import Wire
 
 @Suite struct RoundTripTests {
@@ -209,6 +210,26 @@ import Wire
             return
         }
         #expect(Array(remove.ids[0].string.utf8) == [0x65, 0xCC, 0x81])
+    }
+
+    @Test func anIDOverBytesIsTheSameIDAsItsString() throws {
+        let text = ItemID("key:000000012345")  // 16 bytes: a heap string
+        let frame = ByteBuffer(string: "xx" + "key:000000012345" + "payload")
+        let view = try #require(ItemID(utf8: frame.getSlice(at: 2, length: 16)!))
+        #expect(view == text && text == view && view.hashValue == text.hashValue && view.tableHash == text.tableHash)
+        #expect(view.string == "key:000000012345" && view.utf8Count == 16)
+        #expect(!(view < text) && !(text < view) && ItemID("key:0") < view && view < ItemID("key:1"))
+        #expect(Naming.problem(withID: view) == nil)
+        // A view of a larger buffer is copied when kept; one exactly its own size is kept as it is.
+        #expect(view.compacted == view)
+        guard case .text = view.compacted.storage else { Issue.record("a view of a frame was not compacted"); return }
+        let exact = try #require(ItemID(utf8: Array("e\u{301}".utf8).withUnsafeBytes { Payload(owning: $0).bytes }))
+        guard case .bytes = exact.compacted.storage else { Issue.record("an exact view was copied"); return }
+        #expect(exact == ItemID("e\u{301}") && exact != ItemID("\u{E9}"))
+        // Not UTF-8: refused, whether it starts with ASCII or not.
+        #expect(ItemID(utf8: ByteBuffer(bytes: Array("abcdefgh".utf8) + [0xC3])) == nil)
+        #expect(ItemID(utf8: ByteBuffer(bytes: [0xFF, 0x41])) == nil)
+        #expect(Naming.problem(withID: try #require(ItemID(utf8: ByteBuffer(bytes: [0x41, 0x00])))) != nil)
     }
 
     @Test func namingRules() {
