@@ -568,6 +568,7 @@ final class ManagedStore: Sendable {
         var commits: [Commit] = []
         commits.reserveCapacity(writes.count)
         let steps: [EngineStep]
+        let insertHints: [StoreContents.InsertHint]
         do {
             // Moved in (a copy would retain the table's storages once more, objects both event loops touch).
             var planner = WritePlanner(base: consume committed, items: items, remembered: items - lastItems)
@@ -597,6 +598,7 @@ final class ManagedStore: Sendable {
                 commits.append(Commit(epoch: epoch, sequence: sequence, steps: events))
             }
             steps = planner.engineSteps
+            insertHints = planner.insertHints
         }
         // The planner and its copy of the committed items are gone: the apply below changes them in place.
         let finalSequence = sequence
@@ -634,8 +636,9 @@ final class ManagedStore: Sendable {
         // Committed: memory and history, in sequence order, under the lock; then the broadcast and the answers.
         let configuration = environment.configuration
         let subscribers = state.withLock { state in
+            var nextHint = 0
             for index in commits.indices {
-                state.contents.apply(commits[index].steps)
+                state.contents.apply(commits[index].steps, hints: insertHints, from: &nextHint)
                 state.history.append(commits[index], maxCount: configuration.history, maxBytes: configuration.historyBytes)
             }
             state.epoch = epoch

@@ -42,10 +42,11 @@ public struct StoreContents: Sendable {
             id.withUTF8 { hasID($0) }
         }
 
+        @inline(__always)
         private func hasID(_ id: UnsafeRawBufferPointer) -> Bool {
             guard id.count == idLength else { return false }
             return bytes.withUnsafeReadableBytes { mine in
-                idLength == 0 || memcmp(mine.baseAddress!, id.baseAddress!, idLength) == 0
+                IDBytes.equal(UnsafeRawBufferPointer(rebasing: mine[..<idLength]), id)
             }
         }
 
@@ -68,7 +69,7 @@ public struct StoreContents: Sendable {
             let shared = id.withUTF8 { id in
                 payload.bytes.readerIndex == id.count && payload.bytes.capacity == payload.bytes.writerIndex
                     && payload.bytes.withVeryUnsafeBytes { all in
-                        id.count == 0 || memcmp(all.baseAddress!, id.baseAddress!, id.count) == 0
+                        IDBytes.equal(UnsafeRawBufferPointer(rebasing: all[..<id.count]), id)
                     }
             }
             if shared {
@@ -184,6 +185,33 @@ public struct StoreContents: Sendable {
             table.forEach(visit)
         }
         return out
+    }
+
+    /// What the planner knew of an inserted record's id: its `tableHash`, and whether memory holds it when the
+    /// record is replayed.
+    struct InsertHint {
+        var hash: Int
+        var absent: Bool
+    }
+
+    /// `apply(_:)` with the planner's hints for the inserted records, in order from `next` (which moves past
+    /// them): an id is neither hashed nor, when absent, looked up a second time.
+    mutating func apply(_ steps: [EventStep], hints: [InsertHint], from next: inout Int) {
+        for step in steps {
+            switch step {
+            case .insert(let records):
+                for index in records.indices {
+                    let hint = hints[next]
+                    next += 1
+                    table.put(
+                        StoredItem(id: records[index].id, payload: records[index].payload),
+                        Stamps(createdAt: records[index].createdAt, updatedAt: records[index].updatedAt),
+                        hash: hint.hash, absent: hint.absent)
+                }
+            case .remove:
+                apply([step])
+            }
+        }
     }
 
     /// Replays the steps of a commit: inserted records replace in place or go last, removed ids go.

@@ -27,6 +27,10 @@ struct WritePlanner {
     private var appended: [ItemID] = []
     /// The engine steps of every request planned so far, in order: one transaction for the group.
     private(set) var engineSteps: [EngineStep] = []
+    /// For every record the planned events insert, in the order replaying them meets them: its id's `tableHash`
+    /// and whether the id is absent from memory at that point, so that the replay (`StoreContents.apply(_:hints:
+    /// from:)`) neither hashes nor looks it up again.
+    private(set) var insertHints: [StoreContents.InsertHint] = []
 
     private struct Touched {
         /// The current record; `nil` once removed.
@@ -40,6 +44,7 @@ struct WritePlanner {
     init(base: StoreContents, items: Int = 0, remembered: Int = 0) {
         self.base = base
         engineSteps.reserveCapacity(items)
+        insertHints.reserveCapacity(items)
         if remembered > 0 {
             overlay.reserveCapacity(remembered)
             overlayIndex.reserveCapacity(remembered)
@@ -150,6 +155,7 @@ struct WritePlanner {
             // The engine's record straight from the kept payload (the id's bytes are in front of it), not from the
             // item record: that would copy the record.
             engineSteps.append(.put(EngineRecord(keyed: payload.bytes, createdAt: existing ?? now, updatedAt: now)))
+            insertHints.append(StoreContents.InsertHint(hash: hash, absent: existing == nil))
             records.append(ItemRecord(id: Self.id(of: payload), createdAt: existing ?? now, updatedAt: now, payload: payload))
             guard remember else { continue }
             let entry = touching(items[index].id, hash: hash)

@@ -185,6 +185,27 @@ public struct OrderedTable<Key: TableKey, Value> {
     @inlinable
     public mutating func put(_ key: consuming Key, _ value: consuming Value) -> Value? {
         let hash = key.tableHash
+        return put(key, value, hash: hash, absent: false)
+    }
+
+    /// `put` of a key whose `tableHash` is `hash`, already computed; `absent` says the caller knows the key is not
+    /// in the table (the broker's planner looked it up before the commit), so it is not looked up again: only the
+    /// empty bucket where it goes is found.
+    @discardableResult
+    @inlinable
+    public mutating func put(_ key: consuming Key, _ value: consuming Value, hash: Int, absent: Bool) -> Value? {
+        if absent {
+            undo?.append(.unappend)
+            if (live + 1) * 2 > bucketCount { grow(to: Self.bucketCount(for: live + 1)) }
+            let buckets = uniqueBuckets()
+            var index = Int(UInt32(truncatingIfNeeded: hash)) & bucketMask
+            while buckets[index] != 0 { index = (index + 1) & bucketMask }
+            buckets[index] = Self.bucket(hash: hash, slot: slots.count)
+            slots.append((key, value))
+            live += 1
+            migrate()
+            return nil
+        }
         let probe = find(key, hash: hash)
         if let bucket = probe.found {
             let position = Self.slot(self.bucket(at: bucket))

@@ -83,3 +83,47 @@ import Testing
         #expect(ids == [id] && all == [id])
     }
 }
+
+/// The planner's hints (each inserted id's hash, and whether memory lacks it) let the replay skip hashing and
+/// looking up again: replaying with them must leave exactly what replaying without them leaves, whatever a group
+/// of requests does (repeats in a batch, chains, removes and a removeAll between inserts).
+@Suite struct InsertHintTests {
+    @Test func replayingWithHintsEqualsReplayingWithout() throws {
+        var generator = SystemRandomNumberGenerator()
+        for round in 0..<300 {
+            var contents = StoreContents()
+            for id in 0..<Int.random(in: 0..<6, using: &generator) {
+                contents.apply([.insert(records: [ItemRecord(id: ItemID("i\(id)"), createdAt: 1, updatedAt: 1, payload: Payload(ByteBuffer(string: "base")))])])
+            }
+            func items() -> [Item] {
+                (0..<Int.random(in: 1..<5, using: &generator)).map { _ in
+                    Item(id: ItemID("i\(Int.random(in: 0..<8, using: &generator))"), payload: Payload(ByteBuffer(string: "r\(round)")))
+                }
+            }
+            func operation() -> WriteOperation {
+                switch Int.random(in: 0..<10, using: &generator) {
+                case 0..<5: return .insert(items())
+                case 5..<7: return .remove((0..<2).map { _ in ItemID("i\(Int.random(in: 0..<8, using: &generator))") })
+                case 7: return .removeAll
+                default:
+                    return .chain([.insert(items: items()), .remove(ids: [ItemID("i\(Int.random(in: 0..<8, using: &generator))")]), .insert(items: items())])
+                }
+            }
+            let operations = (0..<Int.random(in: 1..<5, using: &generator)).map { _ in operation() }
+            var planner = WritePlanner(base: contents)
+            var commits: [[EventStep]] = []
+            for (index, operation) in operations.enumerated() {
+                if let steps = planner.plan(operation, now: 2, last: index == operations.count - 1) { commits.append(steps) }
+            }
+            var hinted = contents
+            var plain = contents
+            var next = 0
+            for steps in commits {
+                hinted.apply(steps, hints: planner.insertHints, from: &next)
+                plain.apply(steps)
+            }
+            #expect(next == planner.insertHints.count)
+            #expect(hinted.records == plain.records, "round \(round): \(operations)")
+        }
+    }
+}
