@@ -121,13 +121,18 @@ public struct OrderedTable<Key: TableKey, Value> {
         return slots[Self.slot(self.bucket(at: bucket))]?.value
     }
 
-    /// Whether no key with `hash` can be in the table, known from the one bucket where a lookup would start: it is
-    /// empty and no older index is still being moved. Done for many keys before looking each of them up, their
-    /// cache misses overlap instead of coming one after another, and a key this answers `true` for needs no lookup.
+    /// Whether no key with `hash` can be in the table, known from the bucket where a lookup would start: it is
+    /// empty, and so is the one in the older index while that is still being moved (its buckets are never
+    /// emptied, only marked moved, so an empty one there ends every probe that reaches it). Done for many keys
+    /// before looking each of them up, their cache misses overlap instead of coming one after another, and a key
+    /// this answers `true` for needs no lookup.
     @inlinable
     public func certainlyAbsent(hash: Int) -> Bool {
         guard let buckets = bucketBase else { return true }
-        return drainBase == nil && buckets[Int(UInt32(truncatingIfNeeded: hash)) & bucketMask] == 0
+        let tag = Int(UInt32(truncatingIfNeeded: hash))
+        guard buckets[tag & bucketMask] == 0 else { return false }
+        guard let draining = drainBase else { return true }
+        return draining[tag & drainMask] == 0
     }
 
     /// Whether a key with `hash` that `matches` accepts is present.
