@@ -51,11 +51,17 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
         /// Drops what the consumer has not read yet and puts `elements` in its place (a resynchronization).
         func replaceUnread(with elements: [Element]) { _ = storage.push(elements, replacing: true) }
 
+        /// `replaceUnread(with:)` with elements made from the last element the reader took, in one step: the
+        /// reader cannot take another in between (it would then be told of, or resumed from, a point it has
+        /// passed). Returns that element.
+        @discardableResult
+        func replaceUnread(basedOnLastTaken make: (Element?) -> [Element]) -> Element? {
+            storage.replaceUnread(make)
+        }
+
         /// The elements not read yet.
         var unread: Int { storage.unread }
 
-        /// The last element the reader took (where it is), if any.
-        var lastTaken: Element? { storage.lastTaken }
 
         func finish(throwing error: Failure? = nil) { storage.finish(error) }
     }
@@ -88,7 +94,21 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
 
         var unread: Int { state.withLock { $0.buffer.count } }
 
-        var lastTaken: Element? { state.withLock { $0.lastTaken } }
+        func replaceUnread(_ make: (Element?) -> [Element]) -> Element? {
+            var taken: Element?
+            let waiter = state.withLock { state -> (CheckedContinuation<Result<Element?, Failure>, Never>, Element)? in
+                taken = state.lastTaken
+                guard state.end == nil else { return nil }
+                state.buffer.removeAll(keepingCapacity: true)
+                state.buffer.append(contentsOf: make(state.lastTaken))
+                guard let waiting = state.waiting, let first = state.buffer.popFirst() else { return nil }
+                state.waiting = nil
+                state.lastTaken = first
+                return (waiting, first)
+            }
+            if let (continuation, element) = waiter { continuation.resume(returning: .success(element)) }
+            return taken
+        }
 
         func push(_ elements: [Element], replacing: Bool, pastCapacity: Bool = false) -> Bool {
             var accepted = false

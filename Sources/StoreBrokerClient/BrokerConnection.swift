@@ -551,8 +551,10 @@ final class ClientHandler: ChannelInboundHandler {
     /// Returns that push's position (`nil`: it took none).
     @discardableResult
     private func lag(_ id: UInt32, _ feed: BoundedStream<Push, StoreBrokerError>.Feed) -> Position? {
-        let taken = feed.lastTaken?.resumePosition
-        feed.replaceUnread(with: [.lagged(taken ?? Position(epoch: 0, sequence: 0))])
+        // One step: read apart, the reader could take one more push in between, be told it lagged before it and
+        // (a follow) get it again from the resubscription.
+        let taken = feed.replaceUnread { last in [.lagged(last?.resumePosition ?? Position(epoch: 0, sequence: 0))] }?
+            .resumePosition
         streams[id] = nil
         _ = send(.unsubscribe(.init(subscriptionID: id)))  // nobody waits for the answer
         return taken
