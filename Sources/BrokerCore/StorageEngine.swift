@@ -7,80 +7,72 @@ import StoreModel
 
 /// An item as an engine stores it. Keys are raw bytes (the UTF-8 of an item id, for the broker).
 public struct EngineRecord: Hashable, Sendable {
-    /// The key's bytes then the payload's, the reader index at the payload's first byte: one buffer, as the
-    /// broker keeps an item in memory (`Payload(owning:prefix:)`), so that a record the broker plans shares that
-    /// storage (no copy, one reference) and the engine loader hands the engine pointers into it.
-    private var storage: ByteBuffer
+    /// The key's bytes then the payload's: the item the broker keeps (`KeptItem`), so that a record the broker
+    /// plans shares that storage (no copy, one reference) and the engine loader hands the engine pointers into
+    /// it.
+    private let item: KeptItem
     /// Milliseconds since the Unix epoch.
     public var createdAt: UInt64
     public var updatedAt: UInt64
 
     public init(keyBytes: ByteBuffer, payload: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
-        var storage = ByteBufferAllocator().buffer(capacity: keyBytes.readableBytes + payload.readableBytes)
-        storage.writeImmutableBuffer(keyBytes)
-        storage.writeImmutableBuffer(payload)
-        storage.moveReaderIndex(forwardBy: keyBytes.readableBytes)
-        self.init(keyed: storage, createdAt: createdAt, updatedAt: updatedAt)
+        let item = keyBytes.withUnsafeReadableBytes { key in
+            payload.withUnsafeReadableBytes { KeptItem.make(id: key, payload: $0) }
+        }
+        self.init(kept: item, createdAt: createdAt, updatedAt: updatedAt)
     }
 
     public init(key: [UInt8], payload: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
         self.init(keyBytes: ByteBuffer(bytes: key), payload: payload, createdAt: createdAt, updatedAt: updatedAt)
     }
 
-    /// A record over `keyed`: its readable bytes are the payload, the bytes before its reader index the key.
-    init(keyed: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
-        self.storage = keyed
+    /// A record over a kept item: its id is the key.
+    init(kept item: KeptItem, createdAt: UInt64, updatedAt: UInt64) {
+        self.item = item
         self.createdAt = createdAt
         self.updatedAt = updatedAt
     }
 
-    /// The key's bytes (a view of the record's storage).
-    public var keyBytes: ByteBuffer {
-        var key = storage
-        key.moveReaderIndex(to: 0)
-        key.moveWriterIndex(to: storage.readerIndex)
-        return key
-    }
+    /// The key's bytes (a copy).
+    public var keyBytes: ByteBuffer { item.withID { ByteBuffer(bytes: $0) } }
 
-    /// The payload's bytes (a view of the record's storage).
-    public var payload: ByteBuffer { storage }
+    /// The payload's bytes (a copy).
+    public var payload: ByteBuffer { item.withPayload { ByteBuffer(bytes: $0) } }
 
     /// The key's bytes, copied.
-    public var key: [UInt8] { Array(keyBytes.readableBytesView) }
+    public var key: [UInt8] { item.withID { Array($0) } }
 
     /// The key's and the payload's bytes in place, valid while the record lives unchanged (the engine loader
     /// hands them to the engine for one call).
     public func withKeyAndPayload<T>(_ body: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) throws -> T) rethrows -> T {
-        try storage.withVeryUnsafeBytesWithStorageManagement { all, _ in
-            try body(
-                UnsafeRawBufferPointer(rebasing: all[0..<storage.readerIndex]),
-                UnsafeRawBufferPointer(rebasing: all[storage.readerIndex..<storage.writerIndex]))
-        }
+        try item.withIDAndPayload(body)
     }
 
     public static func == (lhs: EngineRecord, rhs: EngineRecord) -> Bool {
-        lhs.createdAt == rhs.createdAt && lhs.updatedAt == rhs.updatedAt && lhs.keyBytes == rhs.keyBytes
-            && lhs.payload == rhs.payload
+        lhs.createdAt == rhs.createdAt && lhs.updatedAt == rhs.updatedAt
+            && lhs.withKeyAndPayload { lk, lp in rhs.withKeyAndPayload { rk, rp in lk.elementsEqual(rk) && lp.elementsEqual(rp) } }
     }
 
     public func hash(into hasher: inout Hasher) {
-        hasher.combine(keyBytes)
-        hasher.combine(payload)
+        withKeyAndPayload { key, payload in
+            hasher.combine(key.count)
+            hasher.combine(bytes: key)
+            hasher.combine(bytes: payload)
+        }
         hasher.combine(createdAt)
         hasher.combine(updatedAt)
     }
 }
 
 extension EngineRecord {
-    /// The engine's record of an item record. One the planner made holds the id's bytes in front of its payload
-    /// (`Payload(owning:prefix:)`): they are the key, shared; any other record's id and payload are copied.
+    /// The engine's record of an item record. One the planner made holds its kept item, whose id is the record's:
+    /// it is the key, shared; any other record's id and payload are copied.
     init(_ record: ItemRecord) {
-        if record.payload.bytes.readerIndex == record.id.utf8Count {
-            self.init(keyed: record.payload.bytes, createdAt: record.createdAt, updatedAt: record.updatedAt)
+        if let item = record.payload.keptItem, record.id.keptItem?.isSame(as: item) == true {
+            self.init(kept: item, createdAt: record.createdAt, updatedAt: record.updatedAt)
         } else {
-            self.init(
-                key: record.id.withUTF8 { Array($0) }, payload: record.payload.bytes, createdAt: record.createdAt,
-                updatedAt: record.updatedAt)
+            let item = record.id.withUTF8 { key in record.payload.withUnsafeReadableBytes { KeptItem.make(id: key, payload: $0) } }
+            self.init(kept: item, createdAt: record.createdAt, updatedAt: record.updatedAt)
         }
     }
 }
@@ -225,9 +217,8 @@ extension EngineStore {
 extension EngineRecord {
     /// A copy of a scanned record.
     public init(_ scanned: ScannedRecord) {
-        var payload = ByteBufferAllocator().buffer(capacity: scanned.payload.count)
-        payload.writeBytes(scanned.payload)
         self.init(
-            key: Array(scanned.key), payload: payload, createdAt: scanned.createdAt, updatedAt: scanned.updatedAt)
+            kept: KeptItem.make(id: scanned.key, payload: scanned.payload), createdAt: scanned.createdAt,
+            updatedAt: scanned.updatedAt)
     }
 }

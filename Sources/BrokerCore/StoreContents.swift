@@ -2,40 +2,32 @@ import NIOCore
 import OrderedStorage
 import StoreModel
 
-#if canImport(Glibc)
-import Glibc
-#endif
-
 /// The committed items of one store, in store order, as the broker holds them in memory.
 ///
 /// Only the store's writer changes it, and only by replaying the steps of a commit the engine has already made
 /// durable (`apply(_:)`), the same steps every subscriber receives, so memory, engine and subscribers cannot
 /// disagree.
 ///
-/// An item is one allocation, exactly as long as its id's UTF-8 followed by its payload (`Payload.init(owning:
-/// prefix:)`): the planner builds it so once, its events and history share it, and memory keeps it without a
-/// `String` per id. A record read back gets its payload as a view of that storage (no copy) and its id as a new
-/// `String` (ids of up to 15 bytes need no allocation).
+/// An item is one allocation, its id's UTF-8 followed by its payload (`KeptItem`): the planner builds it so once,
+/// its events and history share it, and memory keeps it with a reference per item in the table. A record read
+/// back gets its id and payload as views of it (no copy, no `String`).
 public struct StoreContents: Sendable {
-    /// An item's bytes (id then payload), the table's key: hashed and compared by the id's bytes, exactly as
-    /// `ItemID` is, so an `ItemID` finds it.
+    /// An item, the table's key: hashed and compared by the id's bytes, exactly as `ItemID` is, so an `ItemID`
+    /// finds it.
     private struct StoredItem: TableKey, Sendable {
-        var bytes: ByteBuffer
-        var idLength: Int
+        let item: KeptItem
 
         var tableHash: Int {
-            var hasher = Hasher()
-            bytes.withUnsafeReadableBytes { hasher.combine(bytes: UnsafeRawBufferPointer(rebasing: $0[..<idLength])) }
-            return hasher.finalize()
+            item.withID { id in
+                var hasher = Hasher()
+                hasher.combine(bytes: id)
+                return hasher.finalize()
+            }
         }
 
-        static func == (lhs: StoredItem, rhs: StoredItem) -> Bool { rhs.hasID(lhs) }
+        static func == (lhs: StoredItem, rhs: StoredItem) -> Bool { rhs.item.withID { lhs.hasID($0) } }
 
         func hash(into hasher: inout Hasher) { hasher.combine(tableHash) }
-
-        func hasID(_ other: StoredItem) -> Bool {
-            other.bytes.withUnsafeReadableBytes { hasID(UnsafeRawBufferPointer(rebasing: $0[..<other.idLength])) }
-        }
 
         @inline(__always)
         func hasID(_ id: ItemID) -> Bool {
@@ -44,62 +36,26 @@ public struct StoreContents: Sendable {
 
         @inline(__always)
         private func hasID(_ id: UnsafeRawBufferPointer) -> Bool {
-            guard id.count == idLength else { return false }
-            return bytes.withUnsafeReadableBytes { mine in
-                IDBytes.equal(UnsafeRawBufferPointer(rebasing: mine[..<idLength]), id)
-            }
+            item.withID { mine in mine.count == id.count && IDBytes.equal(mine, id) }
         }
 
-        /// A view of the id's bytes in the item's storage (no copy; `ItemID.compacted` for one kept longer).
-        var id: ItemID {
-            ItemID(validatedUTF8: bytes.getSlice(at: 0, length: idLength)!)
-        }
+        var id: ItemID { ItemID(kept: item) }
 
-        var payload: Payload {
-            var view = bytes
-            view.moveReaderIndex(forwardBy: idLength)
-            return Payload(view)
-        }
+        var payload: Payload { Payload(kept: item) }
 
-        /// The record's payload storage when the planner made it with the id in front (`Payload(owning:prefix:)`:
-        /// exactly the id then the payload), else a copy made so. Inlined, the id's bytes read in place: an opaque
-        /// call or a copy of the id's string retains it (see `ItemID.==`).
+        /// The record's kept item when the planner made it (its id and payload are views of the same one), else
+        /// a copy made so. Inlined, the id's bytes read in place: an opaque call retains the id (see `ItemID.==`).
         @inline(__always)
         init(id: ItemID, payload: Payload) {
-            let shared = id.withUTF8 { id in
-                payload.bytes.readerIndex == id.count && payload.bytes.capacity == payload.bytes.writerIndex
-                    && payload.bytes.withVeryUnsafeBytes { all in
-                        IDBytes.equal(UnsafeRawBufferPointer(rebasing: all[..<id.count]), id)
-                    }
-            }
-            if shared {
-                var bytes = payload.bytes
-                bytes.moveReaderIndex(to: 0)
-                self.init(bytes: bytes, idLength: payload.bytes.readerIndex)
+            if let item = payload.keptItem, id.keptItem?.isSame(as: item) == true {
+                self.item = item
             } else {
-                self.init(copying: id, payload: payload)
+                self.item = id.withUTF8 { id in payload.withUnsafeReadableBytes { KeptItem.make(id: id, payload: $0) } }
             }
-        }
-
-        private init(copying id: ItemID, payload: Payload) {
-            let payload = id.withUTF8 { id in
-                payload.bytes.withUnsafeReadableBytes { Payload(owning: $0, prefix: id) }
-            }
-            var bytes = payload.bytes
-            let idLength = bytes.readerIndex
-            bytes.moveReaderIndex(to: 0)
-            self.init(bytes: bytes, idLength: idLength)
-        }
-
-        private init(bytes: ByteBuffer, idLength: Int) {
-            self.bytes = bytes
-            self.idLength = idLength
         }
 
         init(id: UnsafeRawBufferPointer, payload: UnsafeRawBufferPointer) {
-            var bytes = Payload(owning: payload, prefix: id).bytes
-            bytes.moveReaderIndex(to: 0)
-            self.init(bytes: bytes, idLength: id.count)
+            item = KeptItem.make(id: id, payload: payload)
         }
 
         func record(createdAt: UInt64, updatedAt: UInt64, id: ItemID? = nil) -> ItemRecord {

@@ -1,10 +1,6 @@
 import NIOCore
 import StoreModel
 
-#if canImport(Glibc)
-import Glibc
-#endif
-
 /// Works out the effect of consecutive write requests on a store without touching it, so that several
 /// requests can share one engine transaction (group commit) while each keeps its own sequence.
 ///
@@ -136,13 +132,14 @@ struct WritePlanner {
         // Items and records are read in place (`items[index].id`), never bound to a local: a bound `Item` or
         // `ItemRecord` is a copy, a retain and a release of its id's storage and of its payload's.
         for index in items.indices {
-            let payload = Self.kept(items, index)
+            let item = Self.kept(items, index)
+            let payload = Payload(kept: item)
             let hash = items.count > 1 ? hashes[index] : items[index].id.tableHash
             if items.count > 1 {
                 if let earlier = seen.position(hash: hash, where: { records[$0].id == items[index].id }) {
                     engineSteps[firstStep + earlier] = .put(
-                        EngineRecord(keyed: payload.bytes, createdAt: records[earlier].createdAt, updatedAt: now))
-                    records[earlier].id = Self.id(of: payload)  // not a view of the replaced payload's storage
+                        EngineRecord(kept: item, createdAt: records[earlier].createdAt, updatedAt: now))
+                    records[earlier].id = ItemID(kept: item)  // not a view of the replaced item
                     records[earlier].payload = payload
                     if remember, let entry = touched(items[index].id, hash: hash) {
                         overlay[entry].touched.record = records[earlier]
@@ -154,9 +151,9 @@ struct WritePlanner {
             let existing = createdAt(items[index].id, hash: hash, notInBase: !absent.isEmpty && absent[index])
             // The engine's record straight from the kept payload (the id's bytes are in front of it), not from the
             // item record: that would copy the record.
-            engineSteps.append(.put(EngineRecord(keyed: payload.bytes, createdAt: existing ?? now, updatedAt: now)))
+            engineSteps.append(.put(EngineRecord(kept: item, createdAt: existing ?? now, updatedAt: now)))
             insertHints.append(StoreContents.InsertHint(hash: hash, absent: existing == nil))
-            records.append(ItemRecord(id: Self.id(of: payload), createdAt: existing ?? now, updatedAt: now, payload: payload))
+            records.append(ItemRecord(id: ItemID(kept: item), createdAt: existing ?? now, updatedAt: now, payload: payload))
             guard remember else { continue }
             let entry = touching(items[index].id, hash: hash)
             overlay[entry].touched.record = records[records.count - 1]
@@ -177,35 +174,26 @@ struct WritePlanner {
         return hashes
     }
 
-    /// The payload of a record: it outlives the request (memory, history), so it owns its bytes, in one
-    /// allocation with the id's bytes in front, as memory keeps an item (`StoreContents`) and as the engine gets
-    /// its key (`EngineRecord(_:)`). Only copies run while the id's and the payload's bytes are borrowed: an
-    /// opaque call there (the allocation, the buffer's object) made the caller retain both around it.
+    /// The item a record keeps: it outlives the request (memory, history), so it owns its bytes, the id's then
+    /// the payload's in one allocation (`KeptItem`), shared by the record's id and payload, memory and the
+    /// engine's step. Only copies run while the request's bytes are borrowed: an opaque call there (the
+    /// allocation) made the caller retain them around it.
     ///
     /// It takes the array and the index, not the item: reading `items[index]` copies the item, and a copy alive
     /// across the allocation (an opaque call) is retained and released around it; each read here ends before it.
     @inline(__always)
-    private static func kept(_ items: [Item], _ index: Int) -> Payload {
+    private static func kept(_ items: [Item], _ index: Int) -> KeptItem {
         let idCount = items[index].id.utf8Count
-        let total = idCount + items[index].payload.count
-        guard total > 0 else { return Payload(ByteBuffer()) }
-        let storage = UnsafeMutableRawBufferPointer(start: malloc(total)!, count: total)
-        items[index].id.withUTF8 { bytes in
-            if bytes.count > 0 { storage.baseAddress!.copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+        return KeptItem.make(idCount: idCount, payloadCount: items[index].payload.count) { storage in
+            items[index].id.withUTF8 { bytes in
+                if bytes.count > 0 { storage.baseAddress!.copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+            }
+            items[index].payload.withUnsafeReadableBytes { bytes in
+                if bytes.count > 0 {
+                    (storage.baseAddress! + idCount).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count)
+                }
+            }
         }
-        items[index].payload.bytes.withUnsafeReadableBytes { bytes in
-            if bytes.count > 0 { (storage.baseAddress! + idCount).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
-        }
-        return Payload(adopting: storage, readerIndex: idCount)
-    }
-
-    /// The id of a kept payload: a view of the bytes in front of it (no `String`, nothing more kept).
-    @inline(__always)
-    private static func id(of kept: Payload) -> ItemID {
-        var view = kept.bytes
-        view.moveWriterIndex(to: view.readerIndex)
-        view.moveReaderIndex(to: 0)
-        return ItemID(validatedUTF8: view)
     }
 
     private mutating func remove(_ ids: [ItemID], into events: inout [EventStep]) {

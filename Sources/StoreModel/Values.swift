@@ -23,6 +23,8 @@ public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomS
         case text(String)
         /// The readable bytes, valid UTF-8.
         case bytes(ByteBuffer)
+        /// The id of an item the broker keeps: the bytes in front of its payload.
+        case kept(KeptItem)
     }
 
     @usableFromInline
@@ -34,6 +36,11 @@ public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomS
 
     public init(stringLiteral value: String) {
         storage = .text(value)
+    }
+
+    /// The id of a kept item (a view of the bytes in front of its payload: no copy).
+    public init(kept item: KeptItem) {
+        storage = .kept(item)
     }
 
     /// An id over the readable bytes of `bytes`, which the caller knows are valid UTF-8 (a view of them: no copy).
@@ -64,6 +71,7 @@ public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomS
             switch storage {
             case .text(let text): text
             case .bytes(let bytes): String(decoding: bytes.readableBytesView, as: UTF8.self)
+            case .kept(let item): item.withID { String(decoding: $0, as: UTF8.self) }
             }
         }
         set { storage = .text(newValue) }
@@ -80,7 +88,15 @@ public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomS
             return try Array(text.utf8).withUnsafeBytes(body)
         case .bytes(let bytes):
             return try bytes.withUnsafeReadableBytes(body)
+        case .kept(let item):
+            return try item.withID(body)
         }
+    }
+
+    /// The kept item this is the id of, if it is one.
+    @inlinable
+    public var keptItem: KeptItem? {
+        if case .kept(let item) = storage { item } else { nil }
     }
 
     /// How many bytes the id's UTF-8 takes.
@@ -89,14 +105,18 @@ public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomS
         switch storage {
         case .text(let text): text.utf8.count
         case .bytes(let bytes): bytes.readableBytes
+        case .kept(let item): item.idCount
         }
     }
 
     /// The same id, holding no more memory than its own: a view of a larger buffer (a request's frame, a kept
     /// item's id and payload) becomes a `String`. For ids that outlive what they were read from (history).
     public var compacted: ItemID {
-        guard case .bytes(let bytes) = storage, bytes.storageCapacity > bytes.readableBytes else { return self }
-        return ItemID(string)
+        switch storage {
+        case .text: return self
+        case .bytes(let bytes): return bytes.storageCapacity > bytes.readableBytes ? ItemID(string) : self
+        case .kept(let item): return item.payloadCount > 0 ? ItemID(string) : self
+        }
     }
 
     // Equality and hashing run several times per item a request writes (the planner, memory, the engine's
@@ -189,21 +209,163 @@ public enum IDBytes {
     }
 }
 
+/// An item as the broker keeps it: one allocation holding the object's header, the id's bytes, then the
+/// payload's, exactly as long (a `ByteBuffer` would add an object of its own, 80 bytes and a `malloc` per item).
+/// Made once when a write is planned (or a store loads); the commit's event, history, memory and the engine's
+/// steps share it, `ItemID(kept:)` and `Payload(kept:)` being views of its two parts. Never changed once made.
+public struct KeptItem: @unchecked Sendable {  // its storage never changes once made
+    /// The one allocation: the counts as its header, then the bytes.
+    @usableFromInline
+    final class Storage: ManagedBuffer<Counts, UInt8> {}
+
+    @usableFromInline
+    struct Counts {
+        @usableFromInline var id: Int32
+        @usableFromInline var payload: Int32
+
+        @inlinable
+        init(id: Int32, payload: Int32) {
+            self.id = id
+            self.payload = payload
+        }
+    }
+
+    @usableFromInline
+    let storage: Storage
+
+    @inlinable
+    init(storage: Storage) {
+        self.storage = storage
+    }
+
+    /// The id's bytes, then the payload's, copied in.
+    public static func make(id: UnsafeRawBufferPointer, payload: UnsafeRawBufferPointer) -> KeptItem {
+        make(idCount: id.count, payloadCount: payload.count) { bytes in
+            if id.count > 0 { bytes.baseAddress!.copyMemory(from: id.baseAddress!, byteCount: id.count) }
+            if payload.count > 0 {
+                (bytes.baseAddress! + id.count).copyMemory(from: payload.baseAddress!, byteCount: payload.count)
+            }
+        }
+    }
+
+    /// Room for `idCount + payloadCount` bytes, which `fill` writes (all of them).
+    @inlinable @inline(__always)
+    public static func make(idCount: Int, payloadCount: Int, fill: (UnsafeMutableRawBufferPointer) -> Void) -> KeptItem {
+        precondition(idCount <= Int(Int32.max) && payloadCount <= Int(Int32.max) - idCount, "an item of 2 GiB")
+        let storage = unsafeDowncast(
+            Storage.create(minimumCapacity: idCount + payloadCount) { _ in
+                Counts(id: Int32(truncatingIfNeeded: idCount), payload: Int32(truncatingIfNeeded: payloadCount))
+            }, to: Storage.self)
+        storage.withUnsafeMutablePointerToElements { bytes in
+            fill(UnsafeMutableRawBufferPointer(start: bytes, count: idCount + payloadCount))
+        }
+        return KeptItem(storage: storage)
+    }
+
+    @inlinable public var idCount: Int { Int(storage.header.id) }
+    @inlinable public var payloadCount: Int { Int(storage.header.payload) }
+
+    /// Whether both are the same item (the same allocation), not merely equal bytes.
+    @inlinable
+    public func isSame(as other: KeptItem) -> Bool { storage === other.storage }
+
+    /// The id's and the payload's bytes in place, valid while `body` runs.
+    @inlinable @inline(__always)
+    public func withIDAndPayload<R>(_ body: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        let counts = storage.header
+        return try storage.withUnsafeMutablePointerToElements { bytes in
+            try body(
+                UnsafeRawBufferPointer(start: bytes, count: Int(counts.id)),
+                UnsafeRawBufferPointer(start: bytes + Int(counts.id), count: Int(counts.payload)))
+        }
+    }
+
+    @inlinable @inline(__always)
+    public func withID<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        try withIDAndPayload { id, _ in try body(id) }
+    }
+
+    @inlinable @inline(__always)
+    public func withPayload<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        try withIDAndPayload { _, payload in try body(payload) }
+    }
+}
+
 /// Opaque bytes: an item's payload or a value, kept exactly as given. In JSON (test vectors, `wiredump`)
 /// it is written as lowercase hex.
+///
+/// A `ByteBuffer` (what a frame decodes to: a slice of it), or the payload of an item the broker keeps
+/// (`KeptItem`). Both compare, hash and encode alike; `bytes` of a kept one is a copy.
 public struct Payload: Hashable, Sendable, Codable, CustomStringConvertible {
-    public var bytes: ByteBuffer
+    @usableFromInline
+    enum Storage: Sendable {
+        case buffer(ByteBuffer)
+        case kept(KeptItem)
+    }
+
+    @usableFromInline
+    var storage: Storage
 
     public init(_ bytes: ByteBuffer) {
-        self.bytes = bytes
+        storage = .buffer(bytes)
     }
 
     /// The UTF-8 bytes of `text` (a JSON document, typically).
     public init(_ text: String) {
-        self.bytes = ByteBuffer(string: text)
+        storage = .buffer(ByteBuffer(string: text))
     }
 
-    @inlinable public var count: Int { bytes.readableBytes }
+    /// The payload of a kept item (a view of it: no copy).
+    public init(kept item: KeptItem) {
+        storage = .kept(item)
+    }
+
+    /// The bytes as a buffer (for a kept item's payload, a copy).
+    public var bytes: ByteBuffer {
+        get {
+            switch storage {
+            case .buffer(let bytes): bytes
+            case .kept(let item): item.withPayload { ByteBuffer(bytes: $0) }
+            }
+        }
+        set { storage = .buffer(newValue) }
+    }
+
+    /// A copy of `bytes` in storage of its own, exactly as long, as the broker keeps an item: with a `prefix` (the
+    /// item's id) in front, in the same allocation (`KeptItem`).
+    public init(owning bytes: UnsafeRawBufferPointer, prefix: UnsafeRawBufferPointer = .init(start: nil, count: 0)) {
+        storage = .kept(KeptItem.make(id: prefix, payload: bytes))
+    }
+
+    /// The kept item this is the payload of, if it is one.
+    @inlinable
+    public var keptItem: KeptItem? {
+        if case .kept(let item) = storage { item } else { nil }
+    }
+
+    @inlinable public var count: Int {
+        switch storage {
+        case .buffer(let bytes): bytes.readableBytes
+        case .kept(let item): item.payloadCount
+        }
+    }
+
+    /// The bytes in place, valid while `body` runs.
+    @inlinable @inline(__always)
+    public func withUnsafeReadableBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        switch storage {
+        case .buffer(let bytes): try bytes.withUnsafeReadableBytes(body)
+        case .kept(let item): try item.withPayload(body)
+        }
+    }
+
+    public static func == (lhs: Payload, rhs: Payload) -> Bool {
+        lhs.count == rhs.count && lhs.withUnsafeReadableBytes { l in rhs.withUnsafeReadableBytes { r in l.elementsEqual(r) } }
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        withUnsafeReadableBytes { hasher.combine(bytes: $0) }
+    }
 
     /// The same bytes in storage of their own, sized to them. A payload decoded from a frame is a slice of the
     /// connection's receive buffer and keeps all of it alive; whatever is kept beyond the request (a store's
@@ -212,29 +374,14 @@ public struct Payload: Hashable, Sendable, Codable, CustomStringConvertible {
     /// The storage is exactly as long as the bytes: `ByteBufferAllocator.buffer(capacity:)` rounds up to a power
     /// of two (a 200-byte payload would take 256 bytes, a 600-byte one 1,024), and a store keeps every payload.
     public var owned: Payload {
-        bytes.withUnsafeReadableBytes { Payload(owning: $0) }
-    }
-
-    /// A copy of `bytes` in storage of its own, exactly as long; with a `prefix`, the storage holds those bytes
-    /// first, before the payload's reader index (the broker's memory keeps an item's id there: one allocation
-    /// per item).
-    public init(owning bytes: UnsafeRawBufferPointer, prefix: UnsafeRawBufferPointer = .init(start: nil, count: 0)) {
-        let total = prefix.count + bytes.count
-        guard total > 0 else {
-            self.init(ByteBuffer())
-            return
+        withUnsafeReadableBytes { bytes in
+            let total = bytes.count
+            guard total > 0 else { return Payload(ByteBuffer()) }
+            let storage = UnsafeMutableRawBufferPointer(start: malloc(total)!, count: total)
+            storage.copyMemory(from: bytes)
+            // The default allocator frees with free(), which matches the malloc above.
+            return Payload(ByteBuffer(takingOwnershipOf: storage, allocator: ByteBufferAllocator(), readerIndex: 0))
         }
-        let storage = UnsafeMutableRawBufferPointer(start: malloc(total)!, count: total)
-        if prefix.count > 0 { storage.copyMemory(from: prefix) }
-        if bytes.count > 0 { UnsafeMutableRawBufferPointer(rebasing: storage[prefix.count...]).copyMemory(from: bytes) }
-        // The default allocator frees with free(), which matches the malloc above.
-        self.init(adopting: storage, readerIndex: prefix.count)
-    }
-
-    /// A payload over storage allocated with `malloc` (freed with `free` when the last view goes), its reader
-    /// index at `readerIndex`: the bytes before it a prefix (`init(owning:prefix:)`).
-    public init(adopting storage: UnsafeMutableRawBufferPointer, readerIndex: Int) {
-        self.init(ByteBuffer(takingOwnershipOf: storage, allocator: ByteBufferAllocator(), readerIndex: readerIndex))
     }
 
     public var description: String { "\(count) bytes" }
@@ -245,7 +392,7 @@ public struct Payload: Hashable, Sendable, Codable, CustomStringConvertible {
             throw DecodingError.dataCorrupted(
                 .init(codingPath: decoder.codingPath, debugDescription: "payload is not a hex string"))
         }
-        self.bytes = bytes
+        storage = .buffer(bytes)
     }
 
     public func encode(to encoder: any Encoder) throws {

@@ -1,4 +1,5 @@
 import NIOCore
+import StoreModel
 
 // The protocol's primitive types (docs/PROTOCOL.md, "Primitive types"):
 //   u8 u16 u32 u64   unsigned, big-endian
@@ -69,6 +70,14 @@ extension ByteBuffer {
         }
         writeInteger(UInt16(length))
         writeString(text)
+    }
+
+    /// A payload as `bytes`, written from where it lies (a kept item's payload is no `ByteBuffer`).
+    mutating func writeWirePayload(_ payload: Payload) {
+        payload.withUnsafeReadableBytes { bytes in
+            writeInteger(UInt32(bytes.count))
+            writeBytes(bytes)
+        }
     }
 
     mutating func writeWireBytes(_ bytes: ByteBuffer) {

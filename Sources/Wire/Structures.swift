@@ -139,7 +139,7 @@ extension ValueState: WireCodable {
         case .unset: buffer.writeInteger(0, as: UInt8.self)
         case .set(let payload):
             buffer.writeInteger(1, as: UInt8.self)
-            buffer.writeWireBytes(payload.bytes)
+            buffer.writeWirePayload(payload)
         case .setWithheld: buffer.writeInteger(2, as: UInt8.self)
         }
     }
@@ -155,7 +155,7 @@ extension Item: WireCodable {
 
     public func encode(wire buffer: inout ByteBuffer) throws(WireError) {
         try id.encode(wire: &buffer)
-        buffer.writeWireBytes(payload.bytes)
+        buffer.writeWirePayload(payload)
     }
 }
 
@@ -173,7 +173,7 @@ extension ItemRecord: WireCodable {
     public func encode(wire buffer: inout ByteBuffer) throws(WireError) {
         try id.encode(wire: &buffer)
         buffer.writeMultipleIntegers(createdAt, updatedAt)
-        buffer.writeWireBytes(payload.bytes)
+        buffer.writeWirePayload(payload)
     }
 }
 

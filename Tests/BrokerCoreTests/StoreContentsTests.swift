@@ -7,13 +7,12 @@ import Testing
 /// written, whether or not their payload came with the id in front.
 @Suite struct StoreContentsTests {
     private func record(_ id: String, _ payload: String, prefixed: Bool) -> ItemRecord {
-        let bytes = ByteBuffer(string: payload)
-        let stored =
-            prefixed
-            ? bytes.withUnsafeReadableBytes { body in
-                Array(id.utf8).withUnsafeBytes { Payload(owning: body, prefix: $0) }
-            } : Payload(bytes)
-        return ItemRecord(id: ItemID(id), createdAt: 1, updatedAt: 2, payload: stored)
+        guard prefixed else { return ItemRecord(id: ItemID(id), createdAt: 1, updatedAt: 2, payload: Payload(payload)) }
+        // As the planner makes a record: one kept item, its id and payload views of it.
+        let item = Array(id.utf8).withUnsafeBytes { id in
+            Array(payload.utf8).withUnsafeBytes { KeptItem.make(id: id, payload: $0) }
+        }
+        return ItemRecord(id: ItemID(kept: item), createdAt: 1, updatedAt: 2, payload: Payload(kept: item))
     }
 
     @Test(arguments: [false, true])
@@ -42,7 +41,7 @@ import Testing
         var contents = StoreContents()
         contents.apply([.insert(records: [written])])
         let read = contents.record("shared-storage-id-0001")!
-        let address = { (payload: Payload) in payload.bytes.withUnsafeReadableBytes { $0.baseAddress } }
+        let address = { (payload: Payload) in payload.withUnsafeReadableBytes { $0.baseAddress } }
         #expect(address(read.payload) == address(written.payload))
         #expect(read == written)
     }
@@ -58,12 +57,13 @@ import Testing
         var planner = WritePlanner(base: contents)
         let planned = planner.plan(.insert([Item(id: id, payload: Payload(ByteBuffer(string: "p")))]), now: 1)
         let inserted = try #require(planned)
-        guard case .insert(let records) = inserted[0], case .bytes(let kept) = records[0].id.storage else {
-            Issue.record("the record's id is not a view")
+        guard case .insert(let records) = inserted[0], let kept = records[0].id.keptItem else {
+            Issue.record("the record's id is not a view of its kept item")
             return
         }
-        // A view of the item's own storage: its id then its payload, 17 bytes, not the 4,112-byte frame.
-        #expect(records[0].id == id && kept.storageCapacity == 17 && records[0].payload.bytes.storageCapacity == 17)
+        // Views of the item's own storage: its id then its payload, 17 bytes, not the 4,112-byte frame.
+        #expect(records[0].id == id && records[0].payload.keptItem?.isSame(as: kept) == true)
+        #expect(kept.idCount == 16 && kept.payloadCount == 1)
         contents.apply(inserted)
 
         var remover = WritePlanner(base: contents)

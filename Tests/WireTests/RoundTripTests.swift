@@ -223,7 +223,7 @@ import Wire
         // A view of a larger buffer is copied when kept; one exactly its own size is kept as it is.
         #expect(view.compacted == view)
         guard case .text = view.compacted.storage else { Issue.record("a view of a frame was not compacted"); return }
-        let exact = try #require(ItemID(utf8: Array("e\u{301}".utf8).withUnsafeBytes { Payload(owning: $0).bytes }))
+        let exact = try #require(ItemID(utf8: Payload(ByteBuffer(string: "e\u{301}")).owned.bytes))
         guard case .bytes = exact.compacted.storage else { Issue.record("an exact view was copied"); return }
         #expect(exact == ItemID("e\u{301}") && exact != ItemID("\u{E9}"))
         // Not UTF-8: refused, whether it starts with ASCII or not.
