@@ -226,6 +226,19 @@ import Wire
         let exact = try #require(ItemID(utf8: Payload(ByteBuffer(string: "e\u{301}")).owned.bytes))
         guard case .bytes = exact.compacted.storage else { Issue.record("an exact view was copied"); return }
         #expect(exact == ItemID("e\u{301}") && exact != ItemID("\u{E9}"))
+        // A kept item's id and payload: the same id and bytes as their plain forms, on the wire too.
+        let item = Array("key:000000012345".utf8).withUnsafeBytes { id in
+            Array("{}".utf8).withUnsafeBytes { KeptItem.make(id: id, payload: $0) }
+        }
+        let keptID = ItemID(kept: item), keptPayload = Payload(kept: item)
+        #expect(keptID == text && keptID.hashValue == text.hashValue && keptID.tableHash == text.tableHash)
+        #expect(keptPayload == Payload("{}") && keptPayload.hashValue == Payload("{}").hashValue)
+        #expect(keptID.compacted.keptItem == nil && keptID.compacted == text)  // a kept id would keep the payload
+        let record = ItemRecord(id: keptID, createdAt: 1, updatedAt: 2, payload: keptPayload)
+        let plain = ItemRecord(id: text, createdAt: 1, updatedAt: 2, payload: Payload("{}"))
+        let message = AnyMessage.server(.storeEvent(.init(epoch: 1, sequence: 1, elements: [.insert(records: [record])])))
+        #expect(try message.encoded(id: 1)
+            == AnyMessage.server(.storeEvent(.init(epoch: 1, sequence: 1, elements: [.insert(records: [plain])]))).encoded(id: 1))
         // Not UTF-8: refused, whether it starts with ASCII or not.
         #expect(ItemID(utf8: ByteBuffer(bytes: Array("abcdefgh".utf8) + [0xC3])) == nil)
         #expect(ItemID(utf8: ByteBuffer(bytes: [0xFF, 0x41])) == nil)
