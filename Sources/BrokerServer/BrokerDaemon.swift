@@ -430,7 +430,8 @@ public final class BrokerDaemon: Sendable {
         registry: ConnectionRegistry, publisher: DBusPublisher?, signals: [UnixSignal]
     ) -> ServiceGroup {
         var services: [any Service] = []
-        if !signals.isEmpty { services.append(SignalLog(signals: signals, logger: logger)) }
+        let shutdown = ShutdownTrigger()
+        if !signals.isEmpty { services.append(SignalLog(signals: signals, logger: logger, shutdown: shutdown)) }
         services += [
             DaemonStep("connections") {
                 await registry.closeAll(message: "storebrokerd is shutting down", timeout: configuration.shutdownTimeout)
@@ -445,11 +446,15 @@ public final class BrokerDaemon: Sendable {
                 logger.info("shutting down")
                 try? await serverChannel.close()
             })
+        // The signals are the signal log's alone: it logs one, then begins the shutdown. Had the group trapped
+        // them as well, its shutdown could end the log's wait before the log had seen the signal.
         var group = ServiceGroupConfiguration(
             services: services.map { ServiceGroupConfiguration.ServiceConfiguration(service: $0) },
-            gracefulShutdownSignals: signals, cancellationSignals: [], logger: logger)
+            gracefulShutdownSignals: [], cancellationSignals: [], logger: logger)
         group.maximumGracefulShutdownDuration = configuration.shutdownTimeout + .seconds(5)
-        return ServiceGroup(configuration: group)
+        let serviceGroup = ServiceGroup(configuration: group)
+        shutdown.group.withLock { $0 = serviceGroup }
+        return serviceGroup
     }
 
     private func runServices() async {
@@ -516,15 +521,23 @@ struct DaemonStep: Service, CustomStringConvertible {
     }
 }
 
-/// Says which signal began the shutdown (the group acts on it; this only logs it). First in the group, so it is
-/// shut down last and sees the signal.
+/// The service group a signal shuts down, known once the group is made (after its services).
+final class ShutdownTrigger: Sendable {
+    let group = Locked<ServiceGroup?>(nil)
+}
+
+/// Hears the signals that end the daemon: says which one came, then begins the group's graceful shutdown. First
+/// in the group, so it is shut down last and hears a second signal during the shutdown (logged; the shutdown
+/// goes on).
 struct SignalLog: Service {
     let signals: [UnixSignal]
     let logger: Logger
+    let shutdown: ShutdownTrigger
 
     func run() async throws {
         for await signal in await UnixSignalsSequence(trapping: signals).cancelOnGracefulShutdown() {
             logger.info("received \(signal)")
+            await shutdown.group.withLock { $0 }?.triggerGracefulShutdown()
         }
     }
 }
