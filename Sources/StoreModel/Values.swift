@@ -491,10 +491,14 @@ public enum Naming {
     /// bytes searched in place (see `ItemID.==`); the explanation is built out of line.
     @inlinable @inline(__always)
     public static func problem(withID id: ItemID) -> String? {
-        let valid = id.withUTF8 { bytes in
-            bytes.count > 0 && bytes.count <= maxIDLength && !IDBytes.containsZero(bytes)
-        }
-        return valid ? nil : explainProblem(withID: id)
+        isValid(id: id) ? nil : explainProblem(withID: id)
+    }
+
+    /// `problem(withID:) == nil`, without the explanation: nothing but reads of the id's bytes, so a caller
+    /// checking ids in an array keeps none of them retained (an id handed on to an opaque call is).
+    @inlinable @inline(__always)
+    public static func isValid(id: ItemID) -> Bool {
+        id.withUTF8 { bytes in bytes.count > 0 && bytes.count <= maxIDLength && !IDBytes.containsZero(bytes) }
     }
 
     @usableFromInline
