@@ -220,11 +220,11 @@ public struct KeptItem: @unchecked Sendable {  // its storage never changes once
 
     @usableFromInline
     struct Counts {
-        @usableFromInline var id: Int32
-        @usableFromInline var payload: Int32
+        @usableFromInline var id: Int
+        @usableFromInline var payload: Int
 
         @inlinable
-        init(id: Int32, payload: Int32) {
+        init(id: Int, payload: Int) {
             self.id = id
             self.payload = payload
         }
@@ -251,19 +251,17 @@ public struct KeptItem: @unchecked Sendable {  // its storage never changes once
     /// Room for `idCount + payloadCount` bytes, which `fill` writes (all of them).
     @inlinable @inline(__always)
     public static func make(idCount: Int, payloadCount: Int, fill: (UnsafeMutableRawBufferPointer) -> Void) -> KeptItem {
-        precondition(idCount <= Int(Int32.max) && payloadCount <= Int(Int32.max) - idCount, "an item of 2 GiB")
         let storage = unsafeDowncast(
-            Storage.create(minimumCapacity: idCount + payloadCount) { _ in
-                Counts(id: Int32(truncatingIfNeeded: idCount), payload: Int32(truncatingIfNeeded: payloadCount))
-            }, to: Storage.self)
+            Storage.create(minimumCapacity: idCount + payloadCount) { _ in Counts(id: idCount, payload: payloadCount) },
+            to: Storage.self)
         storage.withUnsafeMutablePointerToElements { bytes in
             fill(UnsafeMutableRawBufferPointer(start: bytes, count: idCount + payloadCount))
         }
         return KeptItem(storage: storage)
     }
 
-    @inlinable public var idCount: Int { Int(storage.header.id) }
-    @inlinable public var payloadCount: Int { Int(storage.header.payload) }
+    @inlinable public var idCount: Int { storage.header.id }
+    @inlinable public var payloadCount: Int { storage.header.payload }
 
     /// Whether both are the same item (the same allocation), not merely equal bytes.
     @inlinable
@@ -275,8 +273,8 @@ public struct KeptItem: @unchecked Sendable {  // its storage never changes once
         let counts = storage.header
         return try storage.withUnsafeMutablePointerToElements { bytes in
             try body(
-                UnsafeRawBufferPointer(start: bytes, count: Int(counts.id)),
-                UnsafeRawBufferPointer(start: bytes + Int(counts.id), count: Int(counts.payload)))
+                UnsafeRawBufferPointer(start: bytes, count: counts.id),
+                UnsafeRawBufferPointer(start: bytes + counts.id, count: counts.payload))
         }
     }
 
