@@ -71,16 +71,18 @@ struct WritePlanner {
         return base.createdAt(id, hash: hash)
     }
 
-    /// Every id present after the requests planned so far, in store order.
+    /// Every id present after the requests planned so far, in store order, compacted: a removeAll's event keeps
+    /// them (history), and a view would keep a removed item's payload or a request's frame too.
     private func currentIDs() -> [ItemID] {
         var out: [ItemID] = []
         if !baseCleared {
-            // Compacted: history keeps them, and a view of a removed item would keep its payload too.
             for id in base.ids where !hidden.contains(id) { out.append(id.compacted) }
         }
         for (position, id) in appended.enumerated() {
             guard let entry = touched(id, hash: id.tableHash) else { continue }
-            if overlay[entry].touched.appendedAt == position, overlay[entry].touched.record != nil { out.append(id) }
+            if overlay[entry].touched.appendedAt == position, overlay[entry].touched.record != nil {
+                out.append(id.compacted)
+            }
         }
         return out
     }
@@ -149,8 +151,8 @@ struct WritePlanner {
                 seen.add(hash: hash, position: records.count)
             }
             let existing = createdAt(items[index].id, hash: hash, notInBase: !absent.isEmpty && absent[index])
-            // The engine's record straight from the kept payload (the id's bytes are in front of it), not from the
-            // item record: that would copy the record.
+            // The engine's record straight from the kept item (its id is the key), not from the item record: that
+            // would copy the record.
             engineSteps.append(.put(EngineRecord(kept: item, createdAt: existing ?? now, updatedAt: now)))
             insertHints.append(StoreContents.InsertHint(hash: hash, absent: existing == nil))
             records.append(ItemRecord(id: ItemID(kept: item), createdAt: existing ?? now, updatedAt: now, payload: payload))

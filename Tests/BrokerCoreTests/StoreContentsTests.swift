@@ -82,6 +82,20 @@ import Testing
         }
         #expect(ids == [id] && all == [id])
     }
+
+    @Test func aRemoveAllAfterAnInsertInTheSameGroupHoldsNothingOfTheFrame() throws {
+        let frame = ByteBuffer(string: String(repeating: "x", count: 4096) + "key:000000000002")
+        let id = try #require(ItemID(utf8: frame.getSlice(at: 4096, length: 16)!))
+        // One chain: the removeAll's ids include the id its insert appended (as the request read it).
+        var planner = WritePlanner(base: StoreContents())
+        let planned = planner.plan(
+            .chain([.insert(items: [Item(id: id, payload: Payload(ByteBuffer(string: "p")))]), .removeAll]), now: 1)
+        let steps = try #require(planned)
+        guard case .remove(let all) = try #require(steps.last), all == [id], case .text = all[0].storage else {
+            Issue.record("a removeAll's id kept a view of the request's frame: \(steps)")
+            return
+        }
+    }
 }
 
 /// The planner's hints (each inserted id's hash, and whether memory lacks it) let the replay skip hashing and
