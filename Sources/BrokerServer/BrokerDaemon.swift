@@ -488,7 +488,7 @@ public final class BrokerDaemon: Sendable {
         logger.info("stopped")
     }
 
-    /// Runs until SIGTERM or SIGINT (through the service group), then shuts down. The signal mask is reset
+    /// Runs until SIGTERM or SIGINT (heard by the signal log, which begins the group's shutdown), then shuts down. The signal mask is reset
     /// first: a parent may have left SIGTERM blocked (../PITFALLS.md), and the daemon must always hear it.
     public static func run(configuration: ServerConfiguration, logger: Logger) async throws(DaemonError) {
         var empty = sigset_t()

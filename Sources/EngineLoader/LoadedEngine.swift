@@ -290,9 +290,8 @@ enum StepArena {
             offset += bytes.count
             return sb_bytes(data: target.baseAddress!.assumingMemoryBound(to: UInt8.self), length: bytes.count)
         }
-        // The storage stays alive and unchanged for the whole call: `steps` holds every buffer, and nothing writes
-        // to them. That is what `withKeyAndPayload` hands the storage out for (NIO's own vector writes keep such
-        // pointers the same way).
+        // The storage stays alive and unchanged for the whole call: `steps` holds every record's kept item, which
+        // is never written once made, so the pointers `withKeyAndPayload` gives stay valid past its closure.
         func pointing(at bytes: UnsafeRawBufferPointer) -> sb_bytes {
             bytes.isEmpty ? sb_bytes(data: nil, length: 0)
                 : sb_bytes(data: bytes.baseAddress!.assumingMemoryBound(to: UInt8.self), length: bytes.count)

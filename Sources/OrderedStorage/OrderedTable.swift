@@ -199,35 +199,27 @@ public struct OrderedTable<Key: TableKey, Value> {
     @discardableResult
     @inlinable
     public mutating func put(_ key: consuming Key, _ value: consuming Value, hash: Int, absent: Bool) -> Value? {
-        if absent {
-            undo?.append(.unappend)
-            if (live + 1) * 2 > bucketCount { grow(to: Self.bucketCount(for: live + 1)) }
-            let buckets = uniqueBuckets()
-            var index = Int(UInt32(truncatingIfNeeded: hash)) & bucketMask
-            while buckets[index] != 0 { index = (index + 1) & bucketMask }
-            buckets[index] = Self.bucket(hash: hash, slot: slots.count)
-            slots.append((key, value))
-            live += 1
-            migrate()
-            return nil
-        }
-        let probe = find(key, hash: hash)
-        if let bucket = probe.found {
-            let position = Self.slot(self.bucket(at: bucket))
-            let old = slots[position]!
-            undo?.append(.restore(slot: position, entry: old))
-            slots[position] = (key, value)
-            migrate()
-            return old.value
+        // Where a new key goes: the empty bucket its lookup ended on, if it was looked up.
+        var empty: Int?
+        if !absent {
+            let probe = find(key, hash: hash)
+            if let bucket = probe.found {
+                let position = Self.slot(self.bucket(at: bucket))
+                let old = slots[position]!
+                undo?.append(.restore(slot: position, entry: old))
+                slots[position] = (key, value)
+                migrate()
+                return old.value
+            }
+            empty = probe.empty
         }
         undo?.append(.unappend)
         if (live + 1) * 2 > bucketCount {
             // Grow: at most half the buckets in use keeps probes short.
             grow(to: Self.bucketCount(for: live + 1))
-            uniqueBuckets()[find(key, hash: hash).empty] = Self.bucket(hash: hash, slot: slots.count)
-        } else {
-            uniqueBuckets()[probe.empty] = Self.bucket(hash: hash, slot: slots.count)
+            empty = nil
         }
+        uniqueBuckets()[empty ?? emptyBucket(hash: hash)] = Self.bucket(hash: hash, slot: slots.count)
         slots.append((key, value))
         live += 1
         migrate()
@@ -373,6 +365,15 @@ public struct OrderedTable<Key: TableKey, Value> {
     mutating func uniqueDraining() -> UnsafeMutablePointer<UInt64> {
         if !isKnownUniquelyReferenced(&draining) { setDraining(BucketStorage(copying: draining!)) }
         return drainBase!
+    }
+
+    /// The first empty bucket of `buckets` from where a key with `hash` would be looked up.
+    @inlinable
+    func emptyBucket(hash: Int) -> Int {
+        let buckets = bucketBase!
+        var index = Int(UInt32(truncatingIfNeeded: hash)) & bucketMask
+        while buckets[index] != 0 { index = (index + 1) & bucketMask }
+        return index
     }
 
     /// The location of the key `matches` accepts among those with this hash (`~index` when it is still in

@@ -40,16 +40,16 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
 
         /// Adds an element; `false` (and nothing added) when the buffer is full.
         @discardableResult
-        func yield(_ element: Element) -> Bool { storage.push([element], replacing: false) }
+        func yield(_ element: Element) -> Bool { storage.push(element) }
 
         /// Adds an element once the buffer has room (backpressure for a relay); `false` when the stream is over.
         func send(_ element: Element) async -> Bool { await storage.send(element) }
 
         /// Adds an element even to a full buffer: the one last word (`lagged`) before `finish()`.
-        func yieldPastCapacity(_ element: Element) { _ = storage.push([element], replacing: false, pastCapacity: true) }
+        func yieldPastCapacity(_ element: Element) { _ = storage.push(element, pastCapacity: true) }
 
         /// Drops what the consumer has not read yet and puts `elements` in its place (a resynchronization).
-        func replaceUnread(with elements: [Element]) { _ = storage.push(elements, replacing: true) }
+        func replaceUnread(with elements: [Element]) { _ = storage.replaceUnread { _ in elements } }
 
         /// `replaceUnread(with:)` with elements made from the last element the reader took, in one step: the
         /// reader cannot take another in between (it would then be told of, or resumed from, a point it has
@@ -82,6 +82,14 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
             var end: Result<Void, Failure>?
             var lastTaken: Element?
             var onTermination: (@Sendable () -> Void)?
+
+            /// The first element, taken for a reader waiting for one (to be resumed outside the lock).
+            mutating func handToWaitingReader() -> (CheckedContinuation<Result<Element?, Failure>, Never>, Element)? {
+                guard let waiting, let first = buffer.popFirst() else { return nil }
+                self.waiting = nil
+                lastTaken = first
+                return (waiting, first)
+            }
         }
 
         let capacity: Int
@@ -101,30 +109,19 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
                 guard state.end == nil else { return nil }
                 state.buffer.removeAll(keepingCapacity: true)
                 state.buffer.append(contentsOf: make(state.lastTaken))
-                guard let waiting = state.waiting, let first = state.buffer.popFirst() else { return nil }
-                state.waiting = nil
-                state.lastTaken = first
-                return (waiting, first)
+                return state.handToWaitingReader()
             }
             if let (continuation, element) = waiter { continuation.resume(returning: .success(element)) }
             return taken
         }
 
-        func push(_ elements: [Element], replacing: Bool, pastCapacity: Bool = false) -> Bool {
+        func push(_ element: Element, pastCapacity: Bool = false) -> Bool {
             var accepted = false
             let waiter = state.withLock { state -> (CheckedContinuation<Result<Element?, Failure>, Never>, Element)? in
-                guard state.end == nil else { return nil }
-                if replacing {
-                    state.buffer.removeAll(keepingCapacity: true)
-                } else if !pastCapacity, state.buffer.count + elements.count > capacity {
-                    return nil
-                }
-                state.buffer.append(contentsOf: elements)
+                guard state.end == nil, pastCapacity || state.buffer.count < capacity else { return nil }
+                state.buffer.append(element)
                 accepted = true
-                guard let waiting = state.waiting, let first = state.buffer.popFirst() else { return nil }
-                state.waiting = nil
-                state.lastTaken = first
-                return (waiting, first)
+                return state.handToWaitingReader()
             }
             if let (continuation, element) = waiter { continuation.resume(returning: .success(element)) }
             return accepted
@@ -150,7 +147,7 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
                     producer?.resume(returning: false)
                 }
                 switch outcome {
-                case true?: if push([element], replacing: false) { return true }  // else full again: wait again
+                case true?: if push(element) { return true }  // else full again: wait again
                 case false?: return false
                 case nil: continue  // woken: look again
                 }

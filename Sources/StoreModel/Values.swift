@@ -329,12 +329,6 @@ public struct Payload: Hashable, Sendable, Codable, CustomStringConvertible {
         set { storage = .buffer(newValue) }
     }
 
-    /// A copy of `bytes` in storage of its own, exactly as long, as the broker keeps an item: with a `prefix` (the
-    /// item's id) in front, in the same allocation (`KeptItem`).
-    public init(owning bytes: UnsafeRawBufferPointer, prefix: UnsafeRawBufferPointer = .init(start: nil, count: 0)) {
-        storage = .kept(KeptItem.make(id: prefix, payload: bytes))
-    }
-
     /// The kept item this is the payload of, if it is one.
     @inlinable
     public var keptItem: KeptItem? {

@@ -64,12 +64,22 @@ extension ByteBuffer {
 
     /// Writes a `text`; one over 65535 bytes cannot be represented and is refused, never cut short.
     mutating func writeWireText(_ text: String, _ field: StaticString) throws(WireError) {
-        let length = text.utf8.count
-        guard length <= UInt16.max else {
-            throw WireError.malformed("\(field) is \(length) bytes; a text field holds at most 65535")
-        }
-        writeInteger(UInt16(length))
+        writeInteger(try Self.wireTextLength(text.utf8.count, field))
         writeString(text)
+    }
+
+    /// Writes a `text` from UTF-8 bytes in hand (an id that is a view of bytes held elsewhere).
+    mutating func writeWireText(utf8 text: UnsafeRawBufferPointer, _ field: StaticString) throws(WireError) {
+        writeInteger(try Self.wireTextLength(text.count, field))
+        writeBytes(text)
+    }
+
+    /// A `text`'s `u16` length.
+    private static func wireTextLength(_ count: Int, _ field: StaticString) throws(WireError) -> UInt16 {
+        guard count <= UInt16.max else {
+            throw WireError.malformed("\(field) is \(count) bytes; a text field holds at most 65535")
+        }
+        return UInt16(count)
     }
 
     /// A payload as `bytes`, written from where it lies (a kept item's payload is no `ByteBuffer`).

@@ -49,13 +49,9 @@ extension ItemID: WireCodable {
     }
 
     public func encode(wire buffer: inout ByteBuffer) throws(WireError) {
-        guard utf8Count <= UInt16.max else {
-            throw WireError.malformed("item id is \(utf8Count) bytes; a text field holds at most 65535")
-        }
-        withUTF8 { bytes in
-            buffer.writeInteger(UInt16(bytes.count))
-            buffer.writeBytes(bytes)
-        }
+        // The bytes in place (`withUTF8` rethrows untyped errors, so the result carries the error out).
+        let written = withUTF8 { bytes in Result { () throws(WireError) in try buffer.writeWireText(utf8: bytes, "item id") } }
+        try written.get()
     }
 }
 
