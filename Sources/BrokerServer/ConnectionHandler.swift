@@ -251,6 +251,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 continue
             }
             if let context {
+                if let output = machine?.takeOutput() {
+                    writtenSinceSnapshot += output.readableBytes
+                    gather(output, context)
+                }
                 // Into the channel under the snapshot its bytes were counted in: a writability event the write
                 // raises must not take a snapshot of its own before the flush (it would count them twice, stay
                 // stale past the flush, and a drain it starts would see a full socket that is not).

@@ -34,6 +34,7 @@ struct ConnectionStateMachine {
         /// Write these frames of a push (encoded once for every subscriber, with id 0) with this subscription id;
         /// `flush` follows.
         case writePush(ByteBuffer, subscriptionID: UInt32)
+        /// Flush at the end of the turn, after the turn's answers (`takeOutput`) are written.
         case flush
         /// Ask the channel for more bytes.
         case read
@@ -130,7 +131,8 @@ struct ConnectionStateMachine {
     private var actions: [Action] = []
     /// Answers given in request order, encoded straight into one buffer as they come (a buffer of their own each,
     /// copied again when the turn's writes were gathered, was two allocations and a copy per answer); it goes out
-    /// as one `write`, before the next action that must follow it on the socket, or at the end of the turn.
+    /// as one `write`, before the next action that must follow it on the socket, or when the handler takes it at the
+    /// end of the turn (`takeOutput`).
     private var output = ByteBuffer()
 
     /// `makeSubscription` builds the queue a `subscribe`'s pushes go to (its wake-up is the handler's business).
@@ -320,6 +322,16 @@ struct ConnectionStateMachine {
         return end()
     }
 
+    /// The answers encoded into the turn's buffer and not yet handed out as a `write`: the handler takes them when
+    /// it has performed every action of the turn, before it writes and flushes. They stay across the events of one
+    /// turn (a read's answer is an event of its own, and a buffer per event was two allocations and a copy per read)
+    /// and count as emitted in each (`begin`).
+    mutating func takeOutput() -> ByteBuffer? {
+        guard output.readableBytes > 0 else { return nil }
+        defer { output = ByteBuffer() }
+        return output
+    }
+
     /// After the actions of a turn were performed: lets go of the bytes already decoded. What the daemon keeps
     /// of a request owns its bytes, so the receive buffer must not stay alive, nor grow, because of them: an
     /// empty input holds no storage, and the rest of a partial frame moves to storage of its own.
@@ -337,12 +349,12 @@ struct ConnectionStateMachine {
 
     private mutating func begin(_ io: IOState) {
         self.io = io
-        emitted = 0
+        // Answers still in `output` are not in the handler's count yet.
+        emitted = output.readableBytes
         actions.removeAll(keepingCapacity: true)
     }
 
     private mutating func end() -> [Action] {
-        emitOutput()
         // The array goes out whole; `recycle` brings its storage back once it has been performed, so a turn
         // neither allocates nor regrows one.
         let out = actions
@@ -360,14 +372,15 @@ struct ConnectionStateMachine {
 
     private mutating func emit(_ action: Action) {
         switch action {
-        case .write, .writePush, .flush, .closeAfter, .closeWhenWritten: emitOutput()
+        case .write, .writePush, .closeAfter, .closeWhenWritten: emitOutput()
         default: break
         }
         emitted += action.outputBytes
         actions.append(action)
     }
 
-    /// The answers encoded into `output` so far, as one write (their bytes are already in `emitted`).
+    /// The answers encoded into `output` so far, as one write ahead of an action that must follow them on the
+    /// socket (their bytes are already in `emitted`).
     private mutating func emitOutput() {
         guard output.readableBytes > 0 else { return }
         actions.append(.write(output))

@@ -50,6 +50,8 @@ import Wire
                 default: break
                 }
             }
+            // The handler takes the turn's answers after performing its actions.
+            if let output = machine.takeOutput() { outbound.add(output) }
             return (starts, outbound.messages())
         }
     }
@@ -116,8 +118,8 @@ import Wire
         let inOrder: [(UInt64, Result<BrokerAnswer, BrokerError>)] = [(3, written(4)), (4, written(5)), (5, written(6))]
         let actions = h.machine.answered(inOrder, io: h.io())
         let writes = actions.filter { if case .write = $0 { true } else { false } }
-        #expect(writes.count == 1, "three answers in order took \(writes.count) writes")
-        #expect(h.take(actions).messages.map(\.0) == [4, 5, 6])
+        #expect(writes.isEmpty, "three answers in order took \(writes.count) writes of their own")
+        #expect(h.take(actions).messages.map(\.0) == [4, 5, 6], "the turn's output did not hold the three answers")
     }
 
     /// Pushes queued before `subscribed` wait for it; then they follow it, in order.
