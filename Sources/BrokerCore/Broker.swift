@@ -154,11 +154,16 @@ public final class Broker: Sendable {
     private func valueSpace(_ namespace: Namespace) -> ValueSpace { namespace == .secureValue ? secureValues : values }
 
     /// Carries out `command` for a peer. A `subscribe` needs the `subscription` its pushes will be queued in.
+    /// A read is answered here, with no array of requests around it.
     public func handle(
         _ command: BrokerCommand, context: RequestContext = .owner, subscription: Subscription? = nil,
         reply: Reply
     ) {
-        handle([BrokerRequest(command, subscription: subscription, reply: reply)], context: context)
+        guard !command.isWrite else {
+            return handle([BrokerRequest(command, subscription: subscription, reply: reply)], context: context)
+        }
+        guard let reply = admitted(command, context: context, reply) else { return }
+        perform(command, context: context, subscription: subscription, reply: reply)
     }
 
     /// `handle(_:context:subscription:reply:)` with a closure for the answer.
@@ -192,11 +197,7 @@ public final class Broker: Sendable {
         // Each request read in place, by index: binding it or its command to a local copies it (a retain and a
         // release of everything it holds).
         for index in requests.indices {
-            let reply = observed(requests[index].command, context: context, requests[index].reply)
-            if let error = rejection(of: requests[index].command, context: context) {
-                reply(.failure(error))
-                continue
-            }
+            guard let reply = admitted(requests[index].command, context: context, requests[index].reply) else { continue }
             switch requests[index].command {
             case .write(let name, let write, let condition):
                 add(PendingWrite(kind: .write(write), condition: condition, submitter: context.submitter, reply: reply), to: name)
@@ -213,21 +214,36 @@ public final class Broker: Sendable {
         for (namespace, writes) in valueWrites { valueSpace(namespace).submit(writes) }
     }
 
+    /// The reply for `command` that the observing interceptors see, or `nil` when a checking one refused it (then
+    /// it is answered).
+    @inline(__always)
+    private func admitted(_ command: BrokerCommand, context: RequestContext, _ reply: Reply) -> Reply? {
+        let reply = observed(command, context: context, reply)
+        if let error = rejection(of: command, context: context) {
+            reply(.failure(error))
+            return nil
+        }
+        return reply
+    }
+
     /// The first interceptor's refusal of `command`, if any.
     private func rejection(of command: BrokerCommand, context: RequestContext) -> BrokerError? {
         // By index: `for interceptor in interceptors` copies each one out, a retain and release of what it holds
         // (a logger's handler) that every connection's requests share.
-        for index in checkers.indices {
-            if let error = checkers[index].check(command, context: context) { return error }
+        // Through a buffer pointer: an element read from the array for an existential call is copied first.
+        checkers.withUnsafeBufferPointer { checkers in
+            for index in checkers.indices {
+                if let error = checkers[index].check(command, context: context) { return error }
+            }
+            return nil
         }
-        return nil
     }
 
     /// `reply`, after every interceptor that observes has seen the outcome and how long it took (`reply` itself
     /// when none does: at the default log level a request costs no clock read and no closure here).
     private func observed(_ command: BrokerCommand, context: RequestContext, _ reply: Reply) -> Reply {
+        if observers.isEmpty { return reply }
         let interceptors = observers
-        if interceptors.isEmpty { return reply }
         let start = ContinuousClock.now
         return Reply { outcome in
             let duration = ContinuousClock.now - start

@@ -6,7 +6,8 @@ import StoreModel
 /// Where the broker's answers to a peer's requests go: one receiver per peer (a connection), each answer with the
 /// token its request was handed in with.
 public protocol ReplyReceiver: AnyObject, Sendable {
-    func receive(_ result: Result<BrokerAnswer, BrokerError>, token: UInt64)
+    /// `result` is consumed: an answer handed on is moved, not copied.
+    func receive(_ result: consuming Result<BrokerAnswer, BrokerError>, token: UInt64)
 }
 
 /// How the broker answers a request: once, from whatever thread finished it (`reply(result)`).
@@ -27,14 +28,14 @@ public struct Reply: Sendable {
         self.init(ClosureReceiver(body), token: 0)
     }
 
-    public func callAsFunction(_ result: Result<BrokerAnswer, BrokerError>) {
+    public func callAsFunction(_ result: consuming Result<BrokerAnswer, BrokerError>) {
         receiver.receive(result, token: token)
     }
 
     private final class ClosureReceiver: ReplyReceiver {
         let body: @Sendable (Result<BrokerAnswer, BrokerError>) -> Void
         init(_ body: @escaping @Sendable (Result<BrokerAnswer, BrokerError>) -> Void) { self.body = body }
-        func receive(_ result: Result<BrokerAnswer, BrokerError>, token: UInt64) { body(result) }
+        func receive(_ result: consuming Result<BrokerAnswer, BrokerError>, token: UInt64) { body(result) }
     }
 }
 

@@ -186,7 +186,13 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private func event(
         _ body: (inout ConnectionStateMachine, ConnectionStateMachine.IOState) -> [ConnectionStateMachine.Action]
     ) {
-        guard let context, machine != nil else { return }
+        guard let io = ioState() else { return }
+        perform(body(&machine!, io))
+    }
+
+    /// The socket's state for an event now; `nil` once the connection is gone.
+    private func ioState() -> ConnectionStateMachine.IOState? {
+        guard let context, machine != nil else { return nil }
         let snapshot: IOSnapshot
         if let taken = ioSnapshot {
             snapshot = taken
@@ -199,10 +205,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
             ioSnapshot = snapshot
             writtenSinceSnapshot = 0
         }
-        let io = ConnectionStateMachine.IOState(
+        return ConnectionStateMachine.IOState(
             isWritable: context.channel.isWritable,
             bufferedBytes: snapshot.channelBytes + writtenSinceSnapshot + pendingBytes, now: snapshot.now)
-        perform(body(&machine!, io))
     }
 
     // MARK: Actions out
@@ -384,11 +389,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     /// An answer given on this loop.
-    fileprivate func answer(slot: UInt64, _ result: Result<BrokerAnswer, BrokerError>, isWrite: Bool) {
+    /// (Not through `event`: a closure capturing `result` would copy it.)
+    fileprivate func answer(slot: UInt64, _ result: consuming Result<BrokerAnswer, BrokerError>, isWrite: Bool) {
         if isWrite, performing {
             answeredHere.append((slot, result))
-        } else {
-            event { $0.answered(slot: slot, result, io: $1) }
+        } else if let io = ioState() {
+            perform(machine!.answered(slot: slot, result, io: io))
         }
     }
 
@@ -428,7 +434,7 @@ private final class ConnectionReplies: ReplyReceiver {
 
     static func token(slot: UInt64, isWrite: Bool) -> UInt64 { isWrite ? slot | writeBit : slot }
 
-    func receive(_ result: Result<BrokerAnswer, BrokerError>, token: UInt64) {
+    func receive(_ result: consuming Result<BrokerAnswer, BrokerError>, token: UInt64) {
         let slot = token & ~Self.writeBit
         if loop.eventLoop.inEventLoop {
             loop.value.answer(slot: slot, result, isWrite: token & Self.writeBit != 0)

@@ -184,8 +184,10 @@ struct ConnectionStateMachine {
     }
 
     /// The broker answered the request in `slot`.
-    mutating func answered(slot: UInt64, _ result: Result<BrokerAnswer, BrokerError>, io: IOState) -> [Action] {
-        answered(CollectionOfOne((slot, result)), io: io)
+    mutating func answered(slot: UInt64, _ result: consuming Result<BrokerAnswer, BrokerError>, io: IOState) -> [Action] {
+        begin(io)
+        take(slot: slot, result)
+        return answersTaken()
     }
 
     /// The broker answered these requests (all the answers of one commit group for this connection, say): one
@@ -194,13 +196,24 @@ struct ConnectionStateMachine {
         _ answers: some Sequence<(UInt64, Result<BrokerAnswer, BrokerError>)>, io: IOState
     ) -> [Action] {
         begin(io)
-        for (slot, result) in answers {
-            if awaitingStart == slot {
-                awaitingStart = nil
-                startHeld()
-            }
-            record(slot: slot, result.map { $0.message }.mapError { $0.wireError })
+        for (slot, result) in answers { take(slot: slot, result) }
+        return answersTaken()
+    }
+
+    /// The answer of `slot`, recorded (it goes out once the answers before it have).
+    private mutating func take(slot: UInt64, _ result: consuming Result<BrokerAnswer, BrokerError>) {
+        if awaitingStart == slot {
+            awaitingStart = nil
+            startHeld()
         }
+        switch consume result {
+        case .success(let answer): record(slot: slot, .success(answer.message()))
+        case .failure(let error): record(slot: slot, .failure(error.wireError))
+        }
+    }
+
+    /// After answers were taken: those next in request order go out, and requests they held back start.
+    private mutating func answersTaken() -> [Action] {
         flushAnswers()
         emit(.flush)
         processInput()
@@ -370,7 +383,7 @@ struct ConnectionStateMachine {
         swap(&actions, &performed)
     }
 
-    private mutating func emit(_ action: Action) {
+    private mutating func emit(_ action: consuming Action) {
         switch action {
         case .write, .writePush, .closeAfter, .closeWhenWritten: emitOutput()
         default: break
@@ -438,7 +451,7 @@ struct ConnectionStateMachine {
             while !closing, awaitingStart == nil, mayStartRequests(), let step = session.next(from: &input) {
                 progress = true
                 framesSeen &+= 1
-                switch step {
+                switch consume step {
                 case .reply(let welcome):
                     if handshakeArmed {
                         handshakeArmed = false
@@ -511,11 +524,12 @@ struct ConnectionStateMachine {
 
     // MARK: Requests
 
-    private mutating func accept(id: UInt32, _ message: ClientMessage) {
+    private mutating func accept(id: UInt32, _ message: consuming ClientMessage) {
         let slot = base + UInt64(slots.count)
         slots.append(Slot(id: id, answer: nil))
+        // The only message that is no request: `hello` (`message.type` would box the message to find out).
         guard let request = ConnectionRequest(message) else {
-            let error = WireError(.unexpectedMessage, "\(message.type.name) is only the first message of a connection")
+            let error = WireError(.unexpectedMessage, "\(MessageType.hello.name) is only the first message of a connection")
             return record(slot: slot, .failure(error))
         }
         if held.isEmpty, mayStart(request, slot: slot) {
@@ -533,14 +547,14 @@ struct ConnectionStateMachine {
     }
 
     private mutating func startHeld() {
-        while awaitingStart == nil, let next = held.first, mayStart(next.request, slot: next.slot) {
-            held.removeFirst()
+        while awaitingStart == nil, let first = held.indices.first, mayStart(held[first].request, slot: held[first].slot) {
+            let next = held.removeFirst()  // moved out, not copied
             start(next.request, slot: next.slot)
         }
     }
 
-    private mutating func start(_ request: ConnectionRequest, slot: UInt64) {
-        switch request {
+    private mutating func start(_ request: consuming ConnectionRequest, slot: UInt64) {
+        switch consume request {
         case .ping:
             record(slot: slot, .success(.pong(.init())))
         case .command(let command):
@@ -571,29 +585,30 @@ struct ConnectionStateMachine {
     // MARK: Output
 
     /// Keeps the answer of `slot` until the answers before it have gone out.
-    private mutating func record(slot: UInt64, _ result: Result<ServerMessage, WireError>) {
+    private mutating func record(slot: UInt64, _ result: consuming Result<ServerMessage, WireError>) {
         let openWrite = openWriteIndex(slot)
         if let openWrite { openWrites[openWrite] |= Self.answeredBit }
         let wasWrite = openWrite != nil
         guard slot >= base, slot - base < UInt64(slots.count) else { return }  // the connection went away
         let index = Int(slot - base)
         let id = slots[index].id
-        if index == 0, slots[0].opensSubscription == nil, case .success(let message) = result {
-            // Next in request order: it goes out now, encoded where the turn's answers gather, and its slot is
-            // free. (An answer that opens a subscription goes through `flushAnswers`, which starts its pushes.)
-            if output.capacity == 0 { output = ByteBufferAllocator().buffer(capacity: Self.outputCapacity) }
-            let maxFrameLength = configuration.limits.maxFrameLength
-            emitted += Self.append(message, id: id, maxFrameLength: maxFrameLength, to: &output)
-            slots.removeFirst()
-            base += 1
-            if wasWrite { startHeld() }
-            return
-        }
-        // Room for most answers at once: an empty buffer grows by doubling from the frame header's 16 bytes, four
-        // or five reallocations for a one-item answer (5% of the daemon's time under pipelined gets).
-        var out = ByteBufferAllocator().buffer(capacity: Self.answerCapacity)
-        switch result {
+        var out = ByteBuffer()
+        switch consume result {
         case .success(let message):
+            if index == 0, slots[0].opensSubscription == nil {
+                // Next in request order: it goes out now, encoded where the turn's answers gather, and its slot is
+                // free. (An answer that opens a subscription goes through `flushAnswers`, which starts its pushes.)
+                if output.capacity == 0 { output = ByteBufferAllocator().buffer(capacity: Self.outputCapacity) }
+                let maxFrameLength = configuration.limits.maxFrameLength
+                emitted += Self.append(message, id: id, maxFrameLength: maxFrameLength, to: &output)
+                slots.removeFirst()
+                base += 1
+                if wasWrite { startHeld() }
+                return
+            }
+            // Room for most answers at once: an empty buffer grows by doubling from the frame header's 16 bytes,
+            // four or five reallocations for a one-item answer (5% of the daemon's time under pipelined gets).
+            out = ByteBufferAllocator().buffer(capacity: Self.answerCapacity)
             Self.append(message, id: id, maxFrameLength: configuration.limits.maxFrameLength, to: &out)
         case .failure(let error):
             out = ServerSession.errorFrame(error, id: id)

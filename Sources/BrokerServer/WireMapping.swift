@@ -11,9 +11,9 @@ enum ConnectionRequest: Sendable {
     case command(BrokerCommand)
 
     /// `nil` for `hello`, which the session handles before any request reaches the connection.
-    init?(_ message: ClientMessage) {
-        switch message {
-        case .hello: return nil
+    init?(_ message: consuming ClientMessage) {
+        switch consume message {
+        case .hello: return nil  // the only one: see `ConnectionStateMachine.accept`
         case .ping: self = .ping
         case .unsubscribe(let m): self = .unsubscribe(subscriptionID: m.subscriptionID)
         case .listStores: self = .command(.listStores)
@@ -45,9 +45,9 @@ enum ConnectionRequest: Sendable {
 }
 
 extension BrokerAnswer {
-    /// The answer as the protocol sends it.
-    var message: ServerMessage {
-        switch self {
+    /// The answer as the protocol sends it (consumed: what it holds moves into the message, uncopied).
+    consuming func message() -> ServerMessage {
+        switch consume self {
         case .engines(let engines): .engineList(.init(elements: engines))
         case .stores(let stores): .storeList(.init(elements: stores))
         case .storeInfo(let info): .storeInfoResult(.init(info: info))
