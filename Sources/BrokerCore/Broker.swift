@@ -182,7 +182,7 @@ public final class Broker: Sendable {
         // last one's name is compared first and nothing is hashed per request.
         var storeWrites: [(name: String, writes: [PendingWrite])] = []
         var valueWrites: [Namespace: [ValueSpace.Write]] = [:]
-        func add(_ write: PendingWrite, to name: String) {
+        func add(_ write: consuming PendingWrite, to name: String) {
             if let last = storeWrites.indices.last, storeWrites[last].name == name {
                 storeWrites[last].writes.append(write)
             } else if let index = storeWrites.firstIndex(where: { $0.name == name }) {
@@ -194,23 +194,32 @@ public final class Broker: Sendable {
                 storeWrites.append((name, writes))
             }
         }
-        // Each request read in place, by index: binding it or its command to a local copies it (a retain and a
-        // release of everything it holds).
-        for index in requests.indices {
-            guard let reply = admitted(requests[index].command, context: context, requests[index].reply) else { continue }
-            switch requests[index].command {
-            case .write(let name, let write, let condition):
-                add(PendingWrite(kind: .write(write), condition: condition, submitter: context.submitter, reply: reply), to: name)
-            case .drop(let name, let condition):
-                add(PendingWrite(kind: .drop, condition: condition, submitter: context.submitter, reply: reply), to: name)
-            case .setValue(let namespace, let name, let value, let condition):
-                valueWrites[namespace, default: []].append(
-                    .init(name: name, value: value?.owned.bytes, condition: condition, reply: reply))
-            default:
-                perform(requests[index].command, context: context, subscription: requests[index].subscription, reply: reply)
+        // Each request read in place, through a buffer pointer: binding it or its command to a local, or reading
+        // `requests[index].command` from the array, copies it (a retain and a release of everything it holds).
+        requests.withUnsafeBufferPointer { requests in
+            for index in requests.indices {
+                guard let reply = admitted(requests[index].command, context: context, requests[index].reply) else {
+                    continue
+                }
+                switch requests[index].command {
+                case .write(let name, let write, let condition):
+                    add(
+                        PendingWrite(kind: .write(write), condition: condition, submitter: context.submitter, reply: reply),
+                        to: name)
+                case .drop(let name, let condition):
+                    add(PendingWrite(kind: .drop, condition: condition, submitter: context.submitter, reply: reply), to: name)
+                case .setValue(let namespace, let name, let value, let condition):
+                    valueWrites[namespace, default: []].append(
+                        .init(name: name, value: value?.owned.bytes, condition: condition, reply: reply))
+                default:
+                    perform(
+                        requests[index].command, context: context, subscription: requests[index].subscription, reply: reply)
+                }
             }
         }
-        for (name, writes) in storeWrites { store(name).submit(writes) }
+        // Moved out in first-seen order (iterating would copy each array, and `submit` moves its writes on).
+        storeWrites.reverse()
+        while let (name, writes) = storeWrites.popLast() { store(name).submit(writes) }
         for (namespace, writes) in valueWrites { valueSpace(namespace).submit(writes) }
     }
 

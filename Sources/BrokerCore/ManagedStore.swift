@@ -389,19 +389,24 @@ final class ManagedStore: Sendable {
     /// When the store's engine never blocks (`nonblocking`, the memory engine), its store is open and its
     /// writer idle, the first group is committed here, on the caller's thread (the connection's event loop),
     /// as Redis does: no hand-off to a writer thread and back. What queues meanwhile goes to the writer pool.
-    func submit(_ writes: [PendingWrite]) {
+    func submit(_ writes: consuming [PendingWrite]) {
         enum Next { case refused, queued, commitHere }
         var completesGroup = false
+        let (submitter, hasDrop) = writes.withUnsafeBufferPointer { writes in
+            (writes.isEmpty ? nil : writes[0].submitter, writes.contains { if case .drop = $0.kind { true } else { false } })
+        }
+        // Reversed, so that `popLast` moves them into the queue in order (`append(contentsOf:)` copies each; the
+        // swaps of `reverse` copy too, but a read cycle's writes for one store are few).
+        writes.reverse()
         let next = state.withLock { state -> Next in
             guard !state.stopping else { return .refused }
-            state.pending.append(contentsOf: writes)
-            if let submitter = writes.first?.submitter {
+            while let write = writes.popLast() { state.pending.append(write) }
+            if let submitter {
                 completesGroup = state.gathering.submitted(by: submitter)
             }
             // A drop (files removed) and a store's creation (directory, manifest) touch the disk: the pool's.
             guard state.phase == .ready, !state.writing, state.engineStore != nil,
-                state.capabilities?.contains(.nonblocking) == true,
-                !writes.contains(where: { if case .drop = $0.kind { true } else { false } })
+                state.capabilities?.contains(.nonblocking) == true, !hasDrop
             else { return .queued }
             state.writing = true
             return .commitHere
@@ -410,7 +415,7 @@ final class ManagedStore: Sendable {
         switch next {
         case .refused:
             let error = BrokerError(.shuttingDown, "the broker is shutting down")
-            for write in writes { write.reply(.failure(error)) }
+            for write in writes.reversed() { write.reply(.failure(error)) }
             return
         case .commitHere:
             return runWriter(groups: WriterPool.groupsPerTurn, itemBudget: Self.inlineItems)
@@ -452,19 +457,21 @@ final class ManagedStore: Sendable {
         for _ in 0..<groups where items < itemBudget {
             guard gatherGroup() else { break }
             let batch = state.withLock { state -> Batch? in
-                guard let first = state.pending.first else { return nil }
-                if case .drop = first.kind {
-                    state.pending.removeFirst()
-                    return .drop(first)
-                }
+                // Taken off the queue, not read from it: a read of `first` is a copy.
+                guard let first = state.pending.popFirst() else { return nil }
+                if case .drop = first.kind { return .drop(first) }
+                state.pending.prepend(first)
                 // An engine without atomic applies gets one request per transaction.
                 let atomic = state.capabilities?.contains(.atomic) ?? true
                 let limit = atomic ? max(1, environment.configuration.maxGroupCommit) : 1
                 var group: [PendingWrite] = []
                 group.reserveCapacity(min(limit, state.pending.count))
-                while group.count < limit, let next = state.pending.first {
-                    if case .drop = next.kind { break }
-                    group.append(state.pending.removeFirst())
+                while group.count < limit, let next = state.pending.popFirst() {
+                    if case .drop = next.kind {
+                        state.pending.prepend(next)
+                        break
+                    }
+                    group.append(next)
                 }
                 return .group(group)
             }
@@ -473,7 +480,9 @@ final class ManagedStore: Sendable {
             HandOffs.gathering {
                 switch batch {
                 case .group(let writes):
-                    for index in writes.indices { items += max(1, writes[index].kind.insertedItemCount) }
+                    writes.withUnsafeBufferPointer { writes in
+                        for index in writes.indices { items += max(1, writes[index].kind.insertedItemCount) }
+                    }
                     commit(writes)
                 case .drop(let write): drop(write)
                 }
@@ -556,9 +565,13 @@ final class ManagedStore: Sendable {
         // the copy below and for the apply after the commit, never for planning.
         var items = 0
         var lastItems = 0
-        for index in writes.indices {
-            lastItems = writes[index].kind.insertedItemCount
-            items += lastItems
+        // Writes, commits and steps are read through buffer pointers: `array[index].field` copies the whole
+        // element first (a retain and release of all it holds), a buffer pointer's element is read in place.
+        writes.withUnsafeBufferPointer { writes in
+            for index in writes.indices {
+                lastItems = writes[index].kind.insertedItemCount
+                items += lastItems
+            }
         }
         let (committed, base, manifestEpoch) = state.withLock { ($0.contents, $0.info, $0.manifest?.epoch) }
         var epoch = base.epoch
@@ -573,30 +586,34 @@ final class ManagedStore: Sendable {
         do {
             // Moved in (a copy would retain the table's storages once more, objects both event loops touch).
             var planner = WritePlanner(base: consume committed, items: items, remembered: items - lastItems)
-            for index in writes.indices {
-                guard case .write(let operation) = writes[index].kind else { preconditionFailure("drops are not grouped") }
-                if let conflict = conflict(writes[index].condition, epoch: epoch, sequence: sequence) {
-                    outcomes.append(.failed(conflict))
-                    continue
+            writes.withUnsafeBufferPointer { writes in
+                for index in writes.indices {
+                    guard case .write(let operation) = writes[index].kind else {
+                        preconditionFailure("drops are not grouped")
+                    }
+                    if let conflict = conflict(writes[index].condition, epoch: epoch, sequence: sequence) {
+                        outcomes.append(.failed(conflict))
+                        continue
+                    }
+                    // One operation is atomic whatever the engine; a chain of several is not without SB_CAP_ATOMIC.
+                    if case .chain(let chained) = operation, chained.count > 1, !atomic {
+                        outcomes.append(
+                            .failed(
+                                BrokerError(
+                                    .notSupported,
+                                    "engine \(engine.name) cannot apply a chain atomically, so store \(name) refuses "
+                                        + "chains")))
+                        continue
+                    }
+                    guard let events = planner.plan(operation, now: now, last: index == writes.count - 1) else {
+                        outcomes.append(.unchanged(epoch: epoch, sequence: sequence))
+                        continue
+                    }
+                    if sequence == 0 { epoch = manifestEpoch ?? Manifest.newEpoch() }
+                    sequence += 1
+                    outcomes.append(.committed(sequence: sequence))
+                    commits.append(Commit(epoch: epoch, sequence: sequence, steps: events))
                 }
-                // One operation is atomic whatever the engine; a chain of several is not without SB_CAP_ATOMIC.
-                if case .chain(let chained) = operation, chained.count > 1, !atomic {
-                    outcomes.append(
-                        .failed(
-                            BrokerError(
-                                .notSupported,
-                                "engine \(engine.name) cannot apply a chain atomically, so store \(name) refuses chains"
-                            )))
-                    continue
-                }
-                guard let events = planner.plan(operation, now: now, last: index == writes.count - 1) else {
-                    outcomes.append(.unchanged(epoch: epoch, sequence: sequence))
-                    continue
-                }
-                if sequence == 0 { epoch = manifestEpoch ?? Manifest.newEpoch() }
-                sequence += 1
-                outcomes.append(.committed(sequence: sequence))
-                commits.append(Commit(epoch: epoch, sequence: sequence, steps: events))
             }
             steps = planner.engineSteps
             insertHints = planner.insertHints
@@ -638,9 +655,12 @@ final class ManagedStore: Sendable {
         let configuration = environment.configuration
         let subscribers = state.withLock { state in
             var nextHint = 0
-            for index in commits.indices {
-                state.contents.apply(commits[index].steps, hints: insertHints, from: &nextHint)
-                state.history.append(commits[index], maxCount: configuration.history, maxBytes: configuration.historyBytes)
+            commits.withUnsafeBufferPointer { commits in
+                for index in commits.indices {
+                    state.contents.apply(commits[index].steps, hints: insertHints, from: &nextHint)
+                    state.history.append(
+                        commits[index], maxCount: configuration.history, maxBytes: configuration.historyBytes)
+                }
             }
             state.epoch = epoch
             state.sequence = finalSequence
@@ -652,13 +672,16 @@ final class ManagedStore: Sendable {
     }
 
     private func answer(_ writes: [PendingWrite], _ outcomes: [Outcome], epoch: UInt64) {
-        for index in writes.indices {
-            switch outcomes[index] {
-            case .failed(let error): writes[index].reply(.failure(error))
-            case .unchanged(let epoch, let sequence):
-                writes[index].reply(.success(.written(CommitResult(committed: false, epoch: epoch, sequence: sequence))))
-            case .committed(let sequence):
-                writes[index].reply(.success(.written(CommitResult(committed: true, epoch: epoch, sequence: sequence))))
+        writes.withUnsafeBufferPointer { writes in
+            for index in writes.indices {
+                switch outcomes[index] {
+                case .failed(let error): writes[index].reply(.failure(error))
+                case .unchanged(let epoch, let sequence):
+                    writes[index].reply(
+                        .success(.written(CommitResult(committed: false, epoch: epoch, sequence: sequence))))
+                case .committed(let sequence):
+                    writes[index].reply(.success(.written(CommitResult(committed: true, epoch: epoch, sequence: sequence))))
+                }
             }
         }
     }

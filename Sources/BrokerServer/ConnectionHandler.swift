@@ -214,7 +214,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     private func perform(_ actions: consuming [ConnectionStateMachine.Action]) {
         var actions = actions
-        for action in actions {
+        // Moved into `pending` in order: iterating would copy each action (the command it starts included). A
+        // turn's actions are few; `reverse` of one or two costs nothing.
+        actions.reverse()
+        while let action = actions.popLast() {
             pendingBytes += action.outputBytes
             pending.append(action)
         }
@@ -328,9 +331,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
     }
 
-    private func execute(_ action: ConnectionStateMachine.Action) {
+    private func execute(_ action: consuming ConnectionStateMachine.Action) {
         guard let context else { return }
-        switch action {
+        switch consume action {
         case .write(let bytes):
             pendingBytes -= bytes.readableBytes
             writtenSinceSnapshot += bytes.readableBytes
