@@ -180,7 +180,8 @@ public final class Broker: Sendable {
     public func handle(_ requests: [BrokerRequest], context: RequestContext = .owner) {
         // The writes for each store, in first-seen order; a read cycle's writes are usually for one store, so the
         // last one's name is compared first and nothing is hashed per request.
-        var storeWrites: [(name: String, writes: [PendingWrite])] = []
+        // Optional: `submit` moves each out, leaving `nil` (a copy would retain what each holds).
+        var storeWrites: [(name: String, writes: [PendingWrite?])] = []
         var valueWrites: [Namespace: [ValueSpace.Write]] = [:]
         func add(_ write: consuming PendingWrite, to name: String) {
             if let last = storeWrites.indices.last, storeWrites[last].name == name {
@@ -188,7 +189,7 @@ public final class Broker: Sendable {
             } else if let index = storeWrites.firstIndex(where: { $0.name == name }) {
                 storeWrites[index].writes.append(write)
             } else {
-                var writes: [PendingWrite] = []
+                var writes: [PendingWrite?] = []
                 writes.reserveCapacity(requests.count)
                 writes.append(write)
                 storeWrites.append((name, writes))
@@ -217,9 +218,12 @@ public final class Broker: Sendable {
                 }
             }
         }
-        // Moved out in first-seen order (iterating would copy each array, and `submit` moves its writes on).
-        storeWrites.reverse()
-        while let (name, writes) = storeWrites.popLast() { store(name).submit(writes) }
+        // In first-seen order, each array moved out (iterating would copy it, and `submit` moves its writes on).
+        for index in storeWrites.indices {
+            var writes: [PendingWrite?] = []
+            swap(&writes, &storeWrites[index].writes)
+            store(storeWrites[index].name).submit(writes)
+        }
         for (namespace, writes) in valueWrites { valueSpace(namespace).submit(writes) }
     }
 

@@ -389,18 +389,23 @@ final class ManagedStore: Sendable {
     /// When the store's engine never blocks (`nonblocking`, the memory engine), its store is open and its
     /// writer idle, the first group is committed here, on the caller's thread (the connection's event loop),
     /// as Redis does: no hand-off to a writer thread and back. What queues meanwhile goes to the writer pool.
-    func submit(_ writes: consuming [PendingWrite]) {
+    ///
+    /// Each write is moved into the queue, `nil` left in its place (`append(contentsOf:)` would copy each).
+    func submit(_ writes: consuming [PendingWrite?]) {
         enum Next { case refused, queued, commitHere }
         var completesGroup = false
         let (submitter, hasDrop) = writes.withUnsafeBufferPointer { writes in
-            (writes.isEmpty ? nil : writes[0].submitter, writes.contains { if case .drop = $0.kind { true } else { false } })
+            var hasDrop = false
+            for index in writes.indices { if case .drop? = writes[index]?.kind { hasDrop = true } }
+            return (writes.isEmpty ? nil : writes[0]?.submitter, hasDrop)
         }
-        // Reversed, so that `popLast` moves them into the queue in order (`append(contentsOf:)` copies each; the
-        // swaps of `reverse` copy too, but a read cycle's writes for one store are few).
-        writes.reverse()
         let next = state.withLock { state -> Next in
             guard !state.stopping else { return .refused }
-            while let write = writes.popLast() { state.pending.append(write) }
+            for index in writes.indices {
+                var write: PendingWrite?
+                swap(&write, &writes[index])
+                state.pending.append((consume write)!)
+            }
             if let submitter {
                 completesGroup = state.gathering.submitted(by: submitter)
             }
@@ -415,7 +420,7 @@ final class ManagedStore: Sendable {
         switch next {
         case .refused:
             let error = BrokerError(.shuttingDown, "the broker is shutting down")
-            for write in writes.reversed() { write.reply(.failure(error)) }
+            for case let write? in writes { write.reply(.failure(error)) }
             return
         case .commitHere:
             return runWriter(groups: WriterPool.groupsPerTurn, itemBudget: Self.inlineItems)

@@ -214,12 +214,13 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     private func perform(_ actions: consuming [ConnectionStateMachine.Action]) {
         var actions = actions
-        // Moved into `pending` in order: iterating would copy each action (the command it starts included). A
-        // turn's actions are few; `reverse` of one or two costs nothing.
-        actions.reverse()
-        while let action = actions.popLast() {
+        // Moved into `pending`, a payload-less action left in each place: iterating would copy each action (the
+        // command it starts included).
+        for index in actions.indices {
+            var action = ConnectionStateMachine.Action.flush
+            swap(&action, &actions[index])
             pendingBytes += action.outputBytes
-            pending.append(action)
+            pending.append(consume action)
         }
         machine?.recycle(&actions)
         guard !performing else { return }  // an answer given at once: its actions queue behind these
