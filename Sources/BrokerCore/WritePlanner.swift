@@ -27,6 +27,9 @@ struct WritePlanner {
     /// and whether the id is absent from memory at that point, so that the replay (`StoreContents.apply(_:hints:
     /// from:)`) neither hashes nor looks it up again.
     private(set) var insertHints: [StoreContents.InsertHint] = []
+    /// The ids of the last step of the request being planned, when it is an insert that later steps of the same
+    /// request tried to merge into (`append`); built on the first such try.
+    private var lastStepIDs: Set<ItemID>?
 
     private struct Touched {
         /// The current record; `nil` once removed.
@@ -92,6 +95,7 @@ struct WritePlanner {
     /// after this one, so what it does need not be remembered for the next.
     mutating func plan(_ operation: WriteOperation, now: UInt64, last: Bool = false) -> [EventStep]? {
         var events: [EventStep] = []
+        lastStepIDs = nil
         switch operation {
         case .insert(let items): insert(items, now: now, remember: !last, into: &events)
         case .remove(let ids): remove(ids, into: &events)
@@ -118,9 +122,9 @@ struct WritePlanner {
         var records: [ItemRecord] = []
         records.reserveCapacity(items.count)
         let firstStep = engineSteps.count
-        engineSteps.reserveCapacity(firstStep + items.count)
+        Self.reserve(&engineSteps, firstStep + items.count)
         if remember {
-            overlay.reserveCapacity(overlay.count + items.count)
+            Self.reserve(&overlay, overlay.count + items.count)
             overlayIndex.reserveCapacity(overlay.count + items.count)
         }
         // Each id hashed once, for finding repeats and for the committed contents' index; and, for a batch, the
@@ -165,6 +169,12 @@ struct WritePlanner {
             }
         }
         append(.insert(records: records), to: &events)
+    }
+
+    /// Room for `count` elements, growing geometrically: `reserveCapacity` of exactly what one step of a chain
+    /// needs reallocated (and copied) the whole array at every step.
+    private static func reserve<Element>(_ array: inout [Element], _ count: Int) {
+        if array.capacity < count { array.reserveCapacity(max(count, 2 * array.capacity)) }
     }
 
     /// Each item's id's `tableHash`, read in place (`items.map` copied each item out; `ItemID.tableHash` is
@@ -226,21 +236,37 @@ struct WritePlanner {
         append(.remove(ids: ids), to: &events)
     }
 
-    /// Adds a step to the event, merging it into the previous step of the same op.
-    private func append(_ step: EventStep, to events: inout [EventStep]) {
-        switch (events.last, step) {
-        case (.insert(let previous)?, .insert(let records)):
-            // Merge only when no id repeats, so the event still says exactly what happened in order.
-            let seen = Set(previous.map { $0.id })
-            if records.allSatisfy({ !seen.contains($0.id) }) {
-                events[events.count - 1] = .insert(records: previous + records)
-                return
+    /// Adds a step to the event, merging it into the previous step of the same op, in place: a chain of many steps
+    /// costs what one step of all their items costs (copying and hashing the merged step again for each step made
+    /// a chain of 5,000 one-item inserts take seconds).
+    private mutating func append(_ step: EventStep, to events: inout [EventStep]) {
+        let last = events.count - 1
+        if last >= 0 {
+            // Each case takes the last step's array and puts `.remove(ids: [])` in its place before appending, so that
+            // the array has one owner and grows in place (a switch over a tuple of both steps kept a copy alive).
+            switch step {
+            case .insert(let records):
+                if case .insert(var previous) = events[last] {
+                    // Merge only when no id repeats, so the event still says exactly what happened in order.
+                    if lastStepIDs == nil { lastStepIDs = Set(previous.lazy.map(\.id)) }
+                    if records.allSatisfy({ !lastStepIDs!.contains($0.id) }) {
+                        for index in records.indices { lastStepIDs!.insert(records[index].id) }
+                        events[last] = .remove(ids: [])
+                        previous.append(contentsOf: records)
+                        events[last] = .insert(records: previous)
+                        return
+                    }
+                }
+            case .remove(let ids):
+                if case .remove(var previous) = events[last] {
+                    events[last] = .remove(ids: [])
+                    previous.append(contentsOf: ids)
+                    events[last] = .remove(ids: previous)
+                    return
+                }
             }
-        case (.remove(let previous)?, .remove(let ids)):
-            events[events.count - 1] = .remove(ids: previous + ids)
-            return
-        default: break
         }
+        lastStepIDs = nil
         events.append(step)
     }
 }

@@ -249,5 +249,41 @@ extension Integration {
                 }
             }
         }
+        /// A chain of many one-item insert steps costs the daemon about what one insert of as many items costs.
+        /// Merging each step into the request's event used to copy, and hash, every record merged before it:
+        /// quadratic in the steps, seconds of one event loop for one request within `--max-batch`.
+        @Test func aChainOfManyInsertStepsCostsWhatOneBatchCosts() async throws {
+            try await Daemon.with { daemon in
+                let pid = daemon.process!.pid
+                func cpuTicks() throws -> Int {
+                    // utime and stime, the 14th and 15th fields of /proc/PID/stat (the name, 2nd, has no spaces).
+                    let fields = try String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8).split(separator: " ")
+                    return Int(fields[13])! + Int(fields[14])!
+                }
+                let count = 5_000  // a chain's items and steps count against --max-batch: 10,000 together
+                func items(_ prefix: String) -> [Item] {
+                    (0..<count).map { Item(id: ItemID("\(prefix)\($0)"), payload: Payload("{}")) }
+                }
+                let client = try RawClient(socketPath: daemon.socketPath)
+                try client.handshake()
+                func committed(_ message: ClientMessage, id: UInt32) throws -> Int {
+                    let start = try cpuTicks()
+                    try client.request(message, id: id)
+                    let answer = try client.nextMessage()
+                    guard case .writeResult(let result)? = answer?.message, result.committed else {
+                        Issue.record("request \(id) was not committed: \(String(describing: answer))")
+                        return 0
+                    }
+                    return try cpuTicks() - start
+                }
+                let batch = try committed(.insert(.init(store: "batch", items: items("b"))), id: 1)
+                let chain = try committed(
+                    .chain(.init(store: "chain", steps: items("c").map { ChainStep.insert(items: [$0]) })), id: 2)
+                print("daemon CPU: one insert of \(count) items \(batch * 10) ms, a chain of \(count) one-item inserts \(chain * 10) ms")
+                // Clock ticks of 10 ms: a generous bound, where the quadratic merge took seconds.
+                #expect(chain <= max(10 * batch, 50), "the chain took \(chain * 10) ms of the daemon's CPU")
+                #expect(try await daemon.storectl(["count", "chain"]).stdout == "\(count)\n")
+            }
+        }
     }
 }
