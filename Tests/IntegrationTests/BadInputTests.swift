@@ -249,10 +249,10 @@ extension Integration {
                 }
             }
         }
-        /// A chain of many one-item insert steps costs the daemon about what one insert of as many items costs.
+        /// A chain of many one-item steps costs the daemon about what one insert (or remove) of as many items costs.
         /// Merging each step into the request's event used to copy, and hash, every record merged before it:
         /// quadratic in the steps, seconds of one event loop for one request within `--max-batch`.
-        @Test func aChainOfManyInsertStepsCostsWhatOneBatchCosts() async throws {
+        @Test func aChainOfManyStepsCostsWhatOneBatchCosts() async throws {
             try await Daemon.with { daemon in
                 let pid = daemon.process!.pid
                 func cpuTicks() throws -> Int {
@@ -283,6 +283,13 @@ extension Integration {
                 // Clock ticks of 10 ms: a generous bound, where the quadratic merge took seconds.
                 #expect(chain <= max(10 * batch, 50), "the chain took \(chain * 10) ms of the daemon's CPU")
                 #expect(try await daemon.storectl(["count", "chain"]).stdout == "\(count)\n")
+                // The same for removes.
+                let removeBatch = try committed(.remove(.init(store: "batch", ids: items("b").map(\.id))), id: 3)
+                let removeChain = try committed(
+                    .chain(.init(store: "chain", steps: items("c").map { ChainStep.remove(ids: [$0.id]) })), id: 4)
+                print("daemon CPU: one remove of \(count) ids \(removeBatch * 10) ms, a chain of \(count) \(removeChain * 10) ms")
+                #expect(removeChain <= max(10 * removeBatch, 50), "the chain took \(removeChain * 10) ms of the daemon's CPU")
+                #expect(try await daemon.storectl(["count", "chain"]).stdout == "0\n")
             }
         }
     }
