@@ -243,13 +243,10 @@ public final class Broker: Sendable {
     private func rejection(of command: BrokerCommand, context: RequestContext) -> BrokerError? {
         // By index: `for interceptor in interceptors` copies each one out, a retain and release of what it holds
         // (a logger's handler) that every connection's requests share.
-        // Through a buffer pointer: an element read from the array for an existential call is copied first.
-        checkers.withUnsafeBufferPointer { checkers in
-            for index in checkers.indices {
-                if let error = checkers[index].check(command, context: context) { return error }
-            }
-            return nil
+        for index in checkers.indices {
+            if let error = checkers[index].check(command, context: context) { return error }
         }
+        return nil
     }
 
     /// `reply`, after every interceptor that observes has seen the outcome and how long it took (`reply` itself
