@@ -570,7 +570,7 @@ final class ManagedStore: Sendable {
         // the copy below and for the apply after the commit, never for planning.
         var items = 0
         var lastItems = 0
-        // Writes, commits and steps are read through buffer pointers: `array[index].field` copies the whole
+        // Writes, commits and steps are read through buffer pointers: `array[index].field` can copy the whole
         // element first (a retain and release of all it holds), a buffer pointer's element is read in place.
         writes.withUnsafeBufferPointer { writes in
             for index in writes.indices {
