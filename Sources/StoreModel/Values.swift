@@ -351,8 +351,15 @@ public struct Payload: Hashable, Sendable, Codable, CustomStringConvertible {
         }
     }
 
+    /// Compared with `memcmp`: `elementsEqual` compared byte by byte through a closure, 2% of a client's CPU
+    /// per `RemoteStore.insert` (its written values are looked up by payload).
     public static func == (lhs: Payload, rhs: Payload) -> Bool {
-        lhs.count == rhs.count && lhs.withUnsafeReadableBytes { l in rhs.withUnsafeReadableBytes { r in l.elementsEqual(r) } }
+        let count = lhs.count
+        guard count == rhs.count else { return false }
+        guard count > 0 else { return true }
+        return lhs.withUnsafeReadableBytes { l in
+            rhs.withUnsafeReadableBytes { r in memcmp(l.baseAddress!, r.baseAddress!, count) == 0 }
+        }
     }
 
     public func hash(into hasher: inout Hasher) {

@@ -245,6 +245,21 @@ import Wire
         #expect(Naming.problem(withID: try #require(ItemID(utf8: ByteBuffer(bytes: [0x41, 0x00])))) != nil)
     }
 
+    /// Payloads compare by their bytes whatever holds them (a buffer, a slice of a larger one, a kept item).
+    @Test func payloadsCompareByTheirBytes() {
+        let kept = Array("k".utf8).withUnsafeBytes { id in Array("abc".utf8).withUnsafeBytes { KeptItem.make(id: id, payload: $0) } }
+        var frame = ByteBuffer(string: "xxabcx")
+        frame.moveReaderIndex(forwardBy: 2)
+        let slice = Payload(frame.getSlice(at: frame.readerIndex, length: 3)!)
+        #expect(Payload("abc") == Payload(kept: kept) && slice == Payload(kept: kept) && slice == Payload("abc"))
+        #expect(slice.hashValue == Payload("abc").hashValue)
+        #expect(Payload("abc") != Payload("abd") && Payload("abc") != Payload("bbc"))  // the last byte, the first
+        #expect(Payload("abc") != Payload("ab") && Payload("") != Payload("a") && Payload("a") != Payload(""))
+        #expect(Payload("") == Payload(ByteBuffer()) && Payload("") == Payload("").owned)
+        let long = String(repeating: "x", count: 4096)
+        #expect(Payload(long) == Payload(long).owned && Payload(long) != Payload(long.dropLast() + "y"))
+    }
+
     @Test func namingRules() {
         #expect(Naming.problem(withName: "notes") == nil)
         #expect(Naming.problem(withName: "a.B_c-9") == nil)
