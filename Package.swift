@@ -1,4 +1,4 @@
-// swift-tools-version:6.0
+// swift-tools-version:6.2
 import PackageDescription
 
 // Layers (each target may import only those below it):
@@ -15,6 +15,12 @@ import PackageDescription
 //   StoreBrokerClient the client connection (NIOPosix): typed calls over StoreModel, what storectl and
 //                     applications use; Wire stays behind it
 //   storebrokerd, storectl, wiredump   thin executables
+// Release builds of the modules on the request path skip the runtime exclusivity checks (`swift_beginAccess` on
+// every access to a class's stored property, and in NIO's `ByteBuffer` code inlined into ours): 7.6% of the
+// daemon's samples under pipelined gets (docs/BENCHMARKS.md, fifteenth step). Debug builds, which the tests run,
+// keep them. (Tools version 6.2: from then on a package depending on this one accepts such a flag.)
+let requestPath: [SwiftSetting] = [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]
+
 let package = Package(
     name: "storebroker",
     platforms: [.macOS(.v15)],
@@ -48,14 +54,17 @@ let package = Package(
         .target(name: "ErrorShape"),
         // Swift's Mutex told to ThreadSanitizer (its contended hand-over happens in the kernel, out of its sight).
         .target(name: "CThreadSanitizer"),
-        .target(name: "Locking", dependencies: ["CThreadSanitizer"]),
-        .target(name: "StoreModel", dependencies: ["OrderedStorage", .product(name: "NIOCore", package: "swift-nio")]),
+        .target(name: "Locking", dependencies: ["CThreadSanitizer"], swiftSettings: requestPath),
+        .target(
+            name: "StoreModel", dependencies: ["OrderedStorage", .product(name: "NIOCore", package: "swift-nio")],
+            swiftSettings: requestPath),
         .target(
             name: "Wire",
-            dependencies: ["StoreModel", .product(name: "NIOCore", package: "swift-nio")]
+            dependencies: ["StoreModel", .product(name: "NIOCore", package: "swift-nio")],
+            swiftSettings: requestPath
         ),
         // An insertion-ordered table with stable positions: the broker's in-memory stores and the Swift engines.
-        .target(name: "OrderedStorage"),
+        .target(name: "OrderedStorage", swiftSettings: requestPath),
         .target(
             name: "BrokerCore",
             dependencies: [
@@ -63,7 +72,8 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
-            ]
+            ],
+            swiftSettings: requestPath
         ),
         // The engine ABI: one C header, shared by the loader, the engines and engines written elsewhere.
         .target(name: "CStorageEngine"),
@@ -72,7 +82,8 @@ let package = Package(
             dependencies: [
                 "Locking", "BrokerCore", "CStorageEngine", "StoreModel", "ErrorShape",
                 .product(name: "NIOCore", package: "swift-nio"),
-            ]
+            ],
+            swiftSettings: requestPath
         ),
         // The engine conformance suite, shared by the checker and the tests (no copy).
         .target(
@@ -83,17 +94,19 @@ let package = Package(
         ),
         .executableTarget(name: "storebroker-engine-check", dependencies: ["EngineConformance", "EngineLoader", "TestSupport"]),
         // Helpers for engines written in Swift; linked into each engine library, never into the host.
-        .target(name: "StorageEngineKit", dependencies: ["CStorageEngine", "OrderedStorage", "ErrorShape"]),
+        .target(
+            name: "StorageEngineKit", dependencies: ["CStorageEngine", "OrderedStorage", "ErrorShape"],
+            swiftSettings: requestPath),
         .target(
             name: "MemoryEngine", dependencies: ["StorageEngineKit", "CStorageEngine"],
-            path: "Sources/Engines/memory"),
+            path: "Sources/Engines/memory", swiftSettings: requestPath),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .target(
             name: "SQLiteEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "CSQLite"],
-            path: "Sources/Engines/sqlite"),
+            path: "Sources/Engines/sqlite", swiftSettings: requestPath),
         .target(
             name: "DiskEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "OrderedStorage"],
-            path: "Sources/Engines/disk"),
+            path: "Sources/Engines/disk", swiftSettings: requestPath),
         // The example engine in plain C (examples/c-engine), built like the others.
         .target(name: "CExampleEngine", dependencies: ["CStorageEngine"], path: "examples/c-engine", sources: ["engine.c"],
             publicHeadersPath: "."),
@@ -116,7 +129,8 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
-            ]
+            ],
+            swiftSettings: requestPath
         ),
         .target(
             name: "StoreBrokerClient",
@@ -124,7 +138,8 @@ let package = Package(
                 "Locking", "StoreModel", "ErrorShape", "Wire", "OrderedStorage",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
-            ]
+            ],
+            swiftSettings: requestPath
         ),
         .target(
             name: "StoreBrokerTesting",
