@@ -178,23 +178,43 @@ public final class Broker: Sendable {
     /// (from memory, on the caller's thread) unless their store is still loading; the writes for one store
     /// (or value namespace) reach its writer together, in one hand-off, and are answered after their commit.
     public func handle(_ requests: [BrokerRequest], context: RequestContext = .owner) {
-        // The writes for each store, in first-seen order; a read cycle's writes are usually for one store, so the
-        // last one's name is compared first and nothing is hashed per request.
-        // Optional: `submit` moves each out, leaving `nil` (a copy would retain what each holds).
-        var storeWrites: [(name: String, writes: [PendingWrite?])] = []
-        var valueWrites: [Namespace: [ValueSpace.Write]] = [:]
-        func add(_ write: consuming PendingWrite, to name: String) {
+        var batch = WriteBatch()
+        handle(requests, context: context, into: &batch)
+        submit(&batch)
+    }
+
+    /// The writes of several peers' read cycles, admitted and waiting to reach their writers together
+    /// (`submit(_:)`): a server that hands in everything one turn of its event loop read makes one group commit
+    /// of the writes many connections sent, where a submit per connection made a group of one each.
+    public struct WriteBatch: Sendable {
+        /// The writes for each store, in first-seen order. Optional: `submit` moves each out, leaving `nil` (a
+        /// copy would retain what each holds).
+        fileprivate var storeWrites: [(name: String, writes: [PendingWrite?])] = []
+        fileprivate var valueWrites: [Namespace: [ValueSpace.Write]] = [:]
+
+        public init() {}
+
+        public var isEmpty: Bool { storeWrites.isEmpty && valueWrites.isEmpty }
+
+        /// A read cycle's writes are usually for one store, so the last one's name is compared first and nothing is
+        /// hashed per request.
+        fileprivate mutating func add(_ write: consuming PendingWrite, to name: String, expected: Int) {
             if let last = storeWrites.indices.last, storeWrites[last].name == name {
                 storeWrites[last].writes.append(write)
             } else if let index = storeWrites.firstIndex(where: { $0.name == name }) {
                 storeWrites[index].writes.append(write)
             } else {
                 var writes: [PendingWrite?] = []
-                writes.reserveCapacity(requests.count)
+                writes.reserveCapacity(expected)
                 writes.append(write)
                 storeWrites.append((name, writes))
             }
         }
+    }
+
+    /// `handle(_:context:)` with the writes admitted into `batch` rather than submitted: they reach their writers
+    /// with the batch's other writes when it is submitted. Everything else is carried out now.
+    public func handle(_ requests: [BrokerRequest], context: RequestContext, into batch: inout WriteBatch) {
         // Each request read in place, through a buffer pointer: binding it or its command to a local, or reading
         // `requests[index].command` from the array, copies it (a retain and a release of everything it holds).
         requests.withUnsafeBufferPointer { requests in
@@ -204,13 +224,15 @@ public final class Broker: Sendable {
                 }
                 switch requests[index].command {
                 case .write(let name, let write, let condition):
-                    add(
+                    batch.add(
                         PendingWrite(kind: .write(write), condition: condition, submitter: context.submitter, reply: reply),
-                        to: name)
+                        to: name, expected: requests.count)
                 case .drop(let name, let condition):
-                    add(PendingWrite(kind: .drop, condition: condition, submitter: context.submitter, reply: reply), to: name)
+                    batch.add(
+                        PendingWrite(kind: .drop, condition: condition, submitter: context.submitter, reply: reply),
+                        to: name, expected: requests.count)
                 case .setValue(let namespace, let name, let value, let condition):
-                    valueWrites[namespace, default: []].append(
+                    batch.valueWrites[namespace, default: []].append(
                         .init(name: name, value: value?.owned.bytes, condition: condition, reply: reply))
                 default:
                     perform(
@@ -218,13 +240,19 @@ public final class Broker: Sendable {
                 }
             }
         }
+    }
+
+    /// Hands the writes of `batch` to their writers, one hand-off per store and namespace, and empties it.
+    public func submit(_ batch: inout WriteBatch) {
         // In first-seen order, each array moved out (iterating would copy it, and `submit` moves its writes on).
-        for index in storeWrites.indices {
+        for index in batch.storeWrites.indices {
             var writes: [PendingWrite?] = []
-            swap(&writes, &storeWrites[index].writes)
-            store(storeWrites[index].name).submit(writes)
+            swap(&writes, &batch.storeWrites[index].writes)
+            store(batch.storeWrites[index].name).submit(writes)
         }
-        for (namespace, writes) in valueWrites { valueSpace(namespace).submit(writes) }
+        batch.storeWrites.removeAll(keepingCapacity: true)
+        for (namespace, writes) in batch.valueWrites { valueSpace(namespace).submit(writes) }
+        batch.valueWrites.removeAll()
     }
 
     /// The reply for `command` that the observing interceptors see, or `nil` when a checking one refused it (then

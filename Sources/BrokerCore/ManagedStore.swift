@@ -383,8 +383,9 @@ final class ManagedStore: Sendable {
 
     // MARK: Writes
 
-    /// Queues writes, in order; each is answered once committed (or refused). A connection hands in every
-    /// write one read cycle produced for this store in one call: one lock, at most one wake-up of the writer.
+    /// Queues writes, in order; each is answered once committed (or refused). The server hands in every write
+    /// one turn of an event loop read for this store, from all its connections, in one call (`Broker.WriteBatch`):
+    /// one lock, at most one wake-up of the writer, one group.
     ///
     /// When the store's engine never blocks (`nonblocking`, the memory engine), its store is open and its
     /// writer idle, the first group is committed here, on the caller's thread (the connection's event loop),
@@ -394,20 +395,25 @@ final class ManagedStore: Sendable {
     func submit(_ writes: consuming [PendingWrite?]) {
         enum Next { case refused, queued, commitHere }
         var completesGroup = false
-        let (submitter, hasDrop) = writes.withUnsafeBufferPointer { writes in
+        let hasDrop = writes.withUnsafeBufferPointer { writes in
             var hasDrop = false
             for index in writes.indices { if case .drop? = writes[index]?.kind { hasDrop = true } }
-            return (writes.isEmpty ? nil : writes[0]?.submitter, hasDrop)
+            return hasDrop
         }
         let next = state.withLock { state -> Next in
             guard !state.stopping else { return .refused }
+            // The writes of one connection, or of several that one turn of an event loop read (each run of one
+            // submitter is told to the gathering once).
+            var lastSubmitter: UInt64?
             for index in writes.indices {
                 var write: PendingWrite?
                 swap(&write, &writes[index])
+                let submitter = write!.submitter
                 state.pending.append((consume write)!)
-            }
-            if let submitter {
-                completesGroup = state.gathering.submitted(by: submitter)
+                if submitter != lastSubmitter {
+                    lastSubmitter = submitter
+                    if state.gathering.submitted(by: submitter) { completesGroup = true }
+                }
             }
             // A drop (files removed) and a store's creation (directory, manifest) touch the disk: the pool's.
             guard state.phase == .ready, !state.writing, state.engineStore != nil,

@@ -13,8 +13,9 @@ import Wire
 /// actions are being performed: its actions queue behind the current ones, and the connection flushes once
 /// when the queue is empty, so one read cycle is one flush however many requests it carried.
 ///
-/// The writes one read cycle starts go to the broker together when the actions are done (`Broker.handle(_:
-/// context:)`: one hand-off per store). Answers from other threads (a writer's commit group, a load) land in
+/// The writes one read cycle starts go to the loop's `LoopWrites` together when the actions are done; the writes
+/// every connection of the loop handed in during one turn reach the broker at its end, one hand-off and one
+/// group per store, and each connection takes what that commit gave it as one event. Answers from other threads (a writer's commit group, a load) land in
 /// the connection's inbox, and one event-loop task takes whatever has gathered there into the machine as one
 /// event: one flush per batch of answers, not per answer, and one task per loop for all its connections a
 /// commit answered (`LoopMailbox`). Pushes waiting in the connection's
@@ -38,9 +39,13 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private var machine: ConnectionStateMachine?
 
     private var pending = Deque<ConnectionStateMachine.Action>()
-    /// The writes started by the actions being performed, handed to the broker once they are done.
+    /// The writes started by the actions being performed, handed to the loop's writes once they are done.
     private var writes: [BrokerRequest] = []
     private var spareWrites: [BrokerRequest] = []
+    /// Where this loop's connections hand in their writes, submitted together at the end of the loop's turn.
+    private var loopWrites: LoopWrites?
+    /// This connection has writes in `loopWrites` this turn (`LoopWrites` lists each connection once).
+    var writesInTurn = false
     private let inbox = AnswerInbox()
     /// Where the broker's answers to this connection go (made with the context; it holds this handler, so it is
     /// let go at removal).
@@ -99,6 +104,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         let subscriberBuffer = subscriberBuffer
         let inbox = inbox
         let mailbox = LoopMailbox.of(context.eventLoop)
+        loopWrites = LoopWrites.of(context.eventLoop, broker: broker)
         replies = ConnectionReplies(loop: loop, inbox: inbox, mailbox: mailbox)
         machine = ConnectionStateMachine(
             configuration: .init(
@@ -232,15 +238,15 @@ final class ConnectionHandler: ChannelDuplexHandler {
         while true {
             while let action = pending.popFirst() { execute(action) }
             if !writes.isEmpty {
-                // A write refused at once (an interceptor) or committed on this loop answers here, into
-                // `answeredHere`: go round again.
+                // A write refused at once (an interceptor) answers here, into `answeredHere`: go round again.
+                // The others are answered once the loop has submitted its turn's writes (`endTakingAnswers`).
                 // The array is handed on whole and a spare takes its place; emptied after, it is the next spare: a
                 // pipelined connection neither regrows them from one element every read cycle nor allocates a new
                 // one (a copy emptied with `keepingCapacity` would, its buffer being still shared).
                 var batch: [BrokerRequest] = []
                 swap(&batch, &writes)
                 swap(&writes, &spareWrites)
-                broker.handle(batch, context: requestContext)
+                loopWrites?.add(batch, context: requestContext, from: self)
                 batch.removeAll(keepingCapacity: true)
                 spareWrites = batch
                 continue
@@ -400,6 +406,18 @@ final class ConnectionHandler: ChannelDuplexHandler {
         } else if let io = ioState() {
             perform(machine!.answered(slot: slot, result, io: io))
         }
+    }
+
+    /// While the loop submits its turn's writes (`LoopWrites`): the answers and pushes the commit gives this
+    /// connection on this loop wait, as they do while actions are performed, to be taken as one event after.
+    func beginTakingAnswers() {
+        performing = true
+    }
+
+    /// The answers and pushes the turn's commit gave, taken and flushed once.
+    func endTakingAnswers() {
+        performing = false
+        perform([])
     }
 
     /// Everything answered from other threads since the last time, as one event, after the pushes waiting.

@@ -54,20 +54,31 @@ final class LoopMailbox: Sendable {
     /// The mailbox of `eventLoop`: one per loop while connections of that loop hold it (they keep it, and it keeps
     /// its loop, alive; the registry only finds it, so that a test's short-lived loops are not kept forever).
     static func of(_ eventLoop: any EventLoop) -> LoopMailbox {
-        let key = ObjectIdentifier(eventLoop)
-        return registry.withLock { registry in
-            if let existing = registry[key]?.mailbox { return existing }
-            registry = registry.filter { $0.value.mailbox != nil }
-            let made = LoopMailbox(eventLoop: eventLoop)
-            registry[key] = Entry(made)
+        registry.object(for: [ObjectIdentifier(eventLoop)]) { LoopMailbox(eventLoop: eventLoop) }
+    }
+
+    private static let registry = WeakRegistry<LoopMailbox>()
+}
+
+/// Objects found by key while something else holds them: an entry whose object is gone is dropped when the next
+/// one is made.
+final class WeakRegistry<Object: AnyObject & Sendable>: Sendable {
+    private final class Entry: @unchecked Sendable {
+        // `@unchecked Sendable`: written only at creation, under the registry's lock.
+        weak var object: Object?
+        init(_ object: Object) { self.object = object }
+    }
+
+    private let entries = Locked<[[ObjectIdentifier]: Entry]>([:])
+
+    /// The live object for `key`, or the one `make` makes.
+    func object(for key: [ObjectIdentifier], make: () -> Object) -> Object {
+        entries.withLock { entries in
+            if let existing = entries[key]?.object { return existing }
+            entries = entries.filter { $0.value.object != nil }
+            let made = make()
+            entries[key] = Entry(made)
             return made
         }
     }
-
-    private final class Entry {
-        weak var mailbox: LoopMailbox?
-        init(_ mailbox: LoopMailbox) { self.mailbox = mailbox }
-    }
-
-    private static let registry = Locked<[ObjectIdentifier: Entry]>([:])
 }

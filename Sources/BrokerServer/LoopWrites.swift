@@ -1,0 +1,89 @@
+import BrokerCore
+import NIOCore
+
+/// The writes one event loop's connections hand in during one turn of the loop, submitted to the broker together
+/// once the turn's reads are done (by a task on the loop: NIO runs the tasks of a turn after its I/O events).
+///
+/// With many clients each waiting for its answer, a read cycle holds one write. Submitted connection by
+/// connection, each was a group commit of its own (50 clients, memory engine: 0.96 commits per insert), paying a
+/// group's fixed costs (the store's lock taken five times, the planner, the engine call, the history, the
+/// hand-offs) per write. Here the writes of every connection one turn read are admitted into one
+/// `Broker.WriteBatch` as they arrive and submitted once: one group per store, and each connection takes the
+/// answers that commit gave it in one batch and flushes once (it is `performing` while the batch is submitted).
+final class LoopWrites: Sendable {
+    private let broker: Broker
+    private let eventLoop: any EventLoop
+    private let turn: NIOLoopBoundBox<Turn>
+
+    private struct Turn {
+        var batch = Broker.WriteBatch()
+        /// The connections whose writes are in `batch`, each once.
+        var connections: [ConnectionHandler] = []
+        /// The list the last submission emptied, kept for the next turn (no allocation per turn).
+        var spare: [ConnectionHandler] = []
+        var scheduled = false
+
+        /// The turn's batch and connections, taken out for submission; the next turn starts empty.
+        mutating func take() -> (Broker.WriteBatch, [ConnectionHandler]) {
+            var taken: [ConnectionHandler] = []
+            swap(&taken, &connections)
+            swap(&connections, &spare)
+            scheduled = false
+            var takenBatch = Broker.WriteBatch()
+            swap(&takenBatch, &batch)
+            return (takenBatch, taken)
+        }
+
+        /// What a submission emptied, kept for the next turn.
+        mutating func giveBack(_ emptied: consuming Broker.WriteBatch, _ list: consuming [ConnectionHandler]) {
+            spare = list
+            if batch.isEmpty { batch = emptied }
+        }
+    }
+
+    private init(broker: Broker, eventLoop: any EventLoop) {
+        self.broker = broker
+        self.eventLoop = eventLoop
+        turn = NIOLoopBoundBox(Turn(), eventLoop: eventLoop)
+    }
+
+    /// Admits `requests` (writes) from `connection`, to be submitted at the end of this turn of the loop.
+    /// A write an interceptor refuses is answered here.
+    func add(_ requests: [BrokerRequest], context: RequestContext, from connection: ConnectionHandler) {
+        // Taken out while the broker runs: a refusal answers the connection, which must not find the turn in use.
+        var batch = Broker.WriteBatch()
+        swap(&batch, &turn.value.batch)
+        broker.handle(requests, context: context, into: &batch)
+        swap(&batch, &turn.value.batch)
+        if !connection.writesInTurn {
+            connection.writesInTurn = true
+            turn.value.connections.append(connection)
+        }
+        if !turn.value.scheduled {
+            turn.value.scheduled = true
+            eventLoop.execute { self.submit() }
+        }
+    }
+
+    private func submit() {
+        var (batch, connections) = turn.value.take()
+        for connection in connections { connection.beginTakingAnswers() }
+        broker.submit(&batch)
+        for connection in connections {
+            connection.writesInTurn = false
+            connection.endTakingAnswers()
+        }
+        connections.removeAll(keepingCapacity: true)
+        turn.value.giveBack(batch, connections)
+    }
+
+    /// The one for `broker` on `eventLoop`, made on first use; connections hold it (and it its loop), the
+    /// registry only finds it.
+    static func of(_ eventLoop: any EventLoop, broker: Broker) -> LoopWrites {
+        registry.object(for: [ObjectIdentifier(eventLoop), ObjectIdentifier(broker)]) {
+            LoopWrites(broker: broker, eventLoop: eventLoop)
+        }
+    }
+
+    private static let registry = WeakRegistry<LoopWrites>()
+}
