@@ -401,6 +401,41 @@ private final class Answers: @unchecked Sendable {
         }
     }
 
+    /// The writes several peers hand in during one turn of an event loop, admitted into one `WriteBatch` and
+    /// submitted once, are one group: one apply (a nonblocking engine, where each submit of an idle store commits
+    /// at once: handled peer by peer, the same writes are two applies). Each peer's write keeps its own answer.
+    @Test func aBatchOfSeveralPeersWritesIsOneGroup() async throws {
+        try await withBroker(engine: TestEngine(capabilities: [.atomic, .nonblocking])) { broker, engine in
+            _ = await ask(broker, .write(store: "s", .insert([item("created")])))
+            await broker.waitUntilWriterIdle(store: "s")
+            let peers = (0..<2).map { _ in RequestContext(peer: RequestContext.owner.peer, grant: .owner, clientName: "") }
+            let answers = Answers()
+            // One by one: each peer's write is a group of its own.
+            for (index, peer) in peers.enumerated() {
+                broker.handle([BrokerRequest(.write(store: "s", .insert([item("one-\(index)")]))) { answers.add(index, $0) }],
+                    context: peer)
+            }
+            try await answers.waitFor(2)
+            #expect(engine.state.withLock { $0.applies.count } == 3)
+            // In one batch: one group, one apply with both peers' steps, each answered with its own sequence.
+            var batch = Broker.WriteBatch()
+            for (index, peer) in peers.enumerated() {
+                broker.handle(
+                    [BrokerRequest(.write(store: "s", .insert([item("two-\(index)")]))) { answers.add(2 + index, $0) }],
+                    context: peer, into: &batch)
+            }
+            #expect(engine.state.withLock { $0.applies.count } == 3, "a batched write reached the store before submit")
+            broker.submit(&batch)
+            #expect(batch.isEmpty)
+            try await answers.waitFor(4)
+            #expect(answers.sequences == [2, 3, 4, 5])
+            let applies = engine.state.withLock { $0.applies }
+            #expect(applies.count == 4)
+            #expect(applies.last?.steps.count == 2)
+            #expect(applies.last?.sequence == 5)
+        }
+    }
+
     /// Writes queued while a loop commits for a nonblocking engine are committed by that loop too (not handed to a
     /// writer thread that hands each answer back), until the groups reach `ManagedStore.inlineItems` items; what
     /// queues after that goes to a writer thread. One write per group here, so the groups are known.
