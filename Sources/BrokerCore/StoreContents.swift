@@ -17,13 +17,7 @@ public struct StoreContents: Sendable {
     private struct StoredItem: TableKey, Sendable {
         let item: KeptItem
 
-        var tableHash: Int {
-            item.withID { id in
-                var hasher = Hasher()
-                hasher.combine(bytes: id)
-                return hasher.finalize()
-            }
-        }
+        var tableHash: Int { item.idHash }
 
         static func == (lhs: StoredItem, rhs: StoredItem) -> Bool { rhs.item.withID { lhs.hasID($0) } }
 

@@ -138,13 +138,19 @@ public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomS
 
     /// `hashValue`, spelled out so that it inlines (see `==`): the whole hash computed inside the closure that
     /// sees the bytes (finalized outside it, the optimizer kept a retain of the string around the call).
+    /// A kept item's id has it already (`KeptItem.idHash`).
     @inlinable @inline(__always)
     public var tableHash: Int {
-        withUTF8 { bytes in
-            var hasher = Hasher()
-            hasher.combine(bytes: bytes)
-            return hasher.finalize()
-        }
+        if case .kept(let item) = storage { return item.idHash }
+        return withUTF8 { Self.tableHash(of: $0) }
+    }
+
+    /// The `tableHash` of an id whose UTF-8 is `bytes`.
+    @inlinable @inline(__always)
+    public static func tableHash(of bytes: UnsafeRawBufferPointer) -> Int {
+        var hasher = Hasher()
+        hasher.combine(bytes: bytes)
+        return hasher.finalize()
     }
 
     /// Byte order of the UTF-8 encoding.
@@ -211,8 +217,9 @@ public enum IDBytes {
 
 /// An item as the broker keeps it: one allocation holding the object's header, the id's bytes, then the
 /// payload's, exactly as long (a `ByteBuffer` would add an object of its own, 80 bytes and a `malloc` per item).
-/// Made once when a write is planned (or a store loads); the commit's event, history, memory and the engine's
-/// steps share it, `ItemID(kept:)` and `Payload(kept:)` being views of its two parts. Never changed once made.
+/// Made once, where the request is read (`Item.keep()`, on the connection's event loop) or when a store loads;
+/// the commit's event, history, memory and the engine's steps share it, `ItemID(kept:)` and `Payload(kept:)`
+/// being views of its two parts. The id's `tableHash` is computed once, when it is made. Never changed once made.
 public struct KeptItem: @unchecked Sendable {  // its storage never changes once made
     /// The one allocation: the counts as its header, then the bytes.
     @usableFromInline
@@ -222,11 +229,14 @@ public struct KeptItem: @unchecked Sendable {  // its storage never changes once
     struct Counts {
         @usableFromInline var id: Int
         @usableFromInline var payload: Int
+        /// The id's `tableHash`.
+        @usableFromInline var hash: Int
 
         @inlinable
         init(id: Int, payload: Int) {
             self.id = id
             self.payload = payload
+            hash = 0
         }
     }
 
@@ -254,13 +264,16 @@ public struct KeptItem: @unchecked Sendable {  // its storage never changes once
         let storage = unsafeDowncast(
             Storage.create(minimumCapacity: idCount + payloadCount) { _ in Counts(id: idCount, payload: payloadCount) },
             to: Storage.self)
-        storage.withUnsafeMutablePointerToElements { bytes in
+        storage.header.hash = storage.withUnsafeMutablePointerToElements { bytes in
             fill(UnsafeMutableRawBufferPointer(start: bytes, count: idCount + payloadCount))
+            return ItemID.tableHash(of: UnsafeRawBufferPointer(start: bytes, count: idCount))
         }
         return KeptItem(storage: storage)
     }
 
     @inlinable public var idCount: Int { storage.header.id }
+    /// The id's `tableHash`, computed when the item was made.
+    @inlinable public var idHash: Int { storage.header.hash }
     @inlinable public var payloadCount: Int { storage.header.payload }
 
     /// Whether both are the same item (the same allocation), not merely equal bytes.
