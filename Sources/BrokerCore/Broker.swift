@@ -145,9 +145,21 @@ public final class Broker: Sendable {
     private func store(_ name: String) -> ManagedStore {
         stores.withLock { stores in
             if let store = stores[name] { return store }
-            let store = ManagedStore(name: name, environment: environment, stopping: stopping.withLock { $0 })
+            let store = ManagedStore(
+                name: name, environment: environment, stopping: stopping.withLock { $0 },
+                retire: { [weak self] in self?.retire($0) })
             stores[name] = store
             return store
+        }
+    }
+
+    /// Forgets `store` if it holds nothing (a store that does not exist, with nothing queued, subscribed or open):
+    /// a client that names a million stores that do not exist leaves nothing behind. Under the table's lock, so
+    /// that whoever looks the name up next finds either this store, not yet retired, or a new one.
+    private func retire(_ store: ManagedStore) {
+        stores.withLock { stores in
+            guard stores[store.name] === store, store.retireIfNothingHere() else { return }
+            stores[store.name] = nil
         }
     }
 
@@ -248,7 +260,8 @@ public final class Broker: Sendable {
         for index in batch.storeWrites.indices {
             var writes: [PendingWrite?] = []
             swap(&writes, &batch.storeWrites[index].writes)
-            store(batch.storeWrites[index].name).submit(writes)
+            // A store retired meanwhile gives them back: to the one the name finds now.
+            while let bounced = store(batch.storeWrites[index].name).submit(writes) { writes = bounced }
         }
         batch.storeWrites.removeAll(keepingCapacity: true)
         for (namespace, writes) in batch.valueWrites { valueSpace(namespace).submit(writes) }
@@ -321,7 +334,7 @@ public final class Broker: Sendable {
                 return reply(.failure(BrokerError(.internalError, "a subscribe reached the broker without its subscription")))
             }
             if namespace == .store {
-                store(name).subscribe(subscription, start: start, reply)
+                while !store(name).subscribe(subscription, start: start, reply) {}  // retired meanwhile: again
             } else {
                 valueSpace(namespace).subscribe(subscription, start: start, reply)
             }

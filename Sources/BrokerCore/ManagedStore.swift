@@ -90,10 +90,17 @@ struct StoreEnvironment: Sendable {
 ///
 /// When applies are slow (an `fsync`), the writer waits a little before a group for the writers its last group
 /// answered, so that writers waiting for each acknowledgement share commits (`GroupGathering`).
+///
+/// A store that does not exist and has nothing going on (no queued write, no subscriber, nothing open) is let go
+/// of (`retire`): the broker keeps no object per name a client merely asked about. A retired store still answers
+/// the reads that reached it (as a store that does not exist, which it was when they looked it up), and sends the
+/// writes and subscriptions that reach it back to the broker, which looks the name up again.
 final class ManagedStore: Sendable {
     let name: String
     private let environment: StoreEnvironment
     private let state: Locked<State>
+    /// Asks the broker to let go of this store if there is nothing in it (`retireIfNothingHere()`).
+    private let retire: @Sendable (ManagedStore) -> Void
     /// Wakes the writer waiting to gather a group (`GroupGathering`).
     private let doorbell = Doorbell()
 
@@ -125,6 +132,17 @@ final class ManagedStore: Sendable {
         var stopping = false
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
         var gathering = GroupGathering()
+        /// Subscriptions on their way in (admitted, waiting for the load).
+        var arriving = 0
+        /// Let go of by the broker: writes and subscriptions go back to it.
+        var retired = false
+
+        /// The store does not exist, nothing of it is open and nothing waits: nothing would be lost by letting go
+        /// of it.
+        var holdsNothing: Bool {
+            phase == .ready && sequence == 0 && manifest == nil && engineStore == nil && pending.isEmpty && !writing
+                && subscribers.isEmpty && arriving == 0 && waiting.isEmpty && idleWaiters.isEmpty && !stopping
+        }
 
         mutating func markLoadFailed() { phase = .unloaded }
 
@@ -133,9 +151,14 @@ final class ManagedStore: Sendable {
     }
 
     /// `stopping`: created during shutdown (a request that arrived late): it refuses writes from the start.
-    init(name: String, environment: StoreEnvironment, stopping: Bool = false) {
+    /// `retire`: called when the store may hold nothing (the broker then calls `retireIfNothingHere()`).
+    init(
+        name: String, environment: StoreEnvironment, stopping: Bool = false,
+        retire: @escaping @Sendable (ManagedStore) -> Void = { _ in }
+    ) {
         self.name = name
         self.environment = environment
+        self.retire = retire
         var state = State()
         state.stopping = stopping
         self.state = Locked(state)
@@ -249,14 +272,32 @@ final class ManagedStore: Sendable {
     ) {
         // A loaded store (nearly always) is read in one acquisition of its lock, not one to see that it is loaded
         // and another to read: every reader and the writer's publishing contend for that lock.
-        let answered = state.withLock { state -> Result<BrokerAnswer, BrokerError>? in
-            guard state.phase == .ready else { return nil }
-            return body(state.contents, Position(epoch: state.epoch, sequence: state.sequence))
+        let (answered, absent) = state.withLock { state -> (Result<BrokerAnswer, BrokerError>?, Bool) in
+            guard state.phase == .ready else { return (nil, false) }
+            return (body(state.contents, Position(epoch: state.epoch, sequence: state.sequence)), state.sequence == 0)
         }
-        if let answered { return reply(answered) }
+        if let answered {
+            reply(answered)
+            if absent { retire(self) }
+            return
+        }
         whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
-            reply(self.state.withLock { body($0.contents, Position(epoch: $0.epoch, sequence: $0.sequence)) })
+            let (answer, absent) = self.state.withLock {
+                (body($0.contents, Position(epoch: $0.epoch, sequence: $0.sequence)), $0.sequence == 0)
+            }
+            reply(answer)
+            if absent { self.retire(self) }
+        }
+    }
+
+    /// Marks the store retired if it holds nothing (`State.holdsNothing`); true when it did. The broker calls it
+    /// with its table of stores locked, and forgets the store when it returns true.
+    func retireIfNothingHere() -> Bool {
+        state.withLock { state in
+            guard !state.retired, state.holdsNothing else { return false }
+            state.retired = true
+            return true
         }
     }
 
@@ -317,11 +358,22 @@ final class ManagedStore: Sendable {
     // MARK: Subscriptions
 
     /// Registers `subscription`: a snapshot, or the events after a resume point, or `historyGone` and a
-    /// snapshot; then every event. The pushes are queued before the answer is given.
-    func subscribe(_ subscription: Subscription, start: SubscriptionStart, _ reply: Reply) {
+    /// snapshot; then every event. The pushes are queued before the answer is given. False, and nothing done, when
+    /// the store is retired: the broker looks it up again.
+    func subscribe(_ subscription: Subscription, start: SubscriptionStart, _ reply: Reply) -> Bool {
+        let admitted = state.withLock { state in
+            guard !state.retired else { return false }
+            state.arriving += 1
+            return true
+        }
+        guard admitted else { return false }
         whenLoaded { failure in
-            if let failure { return reply(.failure(failure)) }
+            if let failure {
+                self.state.withLock { $0.arriving -= 1 }
+                return reply(.failure(failure))
+            }
             self.state.withLock { state in
+                state.arriving -= 1
                 switch start {
                 case .snapshot:
                     Self.offerSnapshot(state, to: subscription)
@@ -343,6 +395,7 @@ final class ManagedStore: Sendable {
             }
             reply(.success(.subscribed(subscriptionID: subscription.id)))
         }
+        return true
     }
 
     private static func offerSnapshot(_ state: borrowing State, to subscription: Subscription) {
@@ -350,8 +403,12 @@ final class ManagedStore: Sendable {
     }
 
     func unsubscribe(_ subscription: Subscription) {
-        _ = state.withLock { $0.subscribers.removeValue(forKey: ObjectIdentifier(subscription)) }
+        let absent = state.withLock { state in
+            state.subscribers.removeValue(forKey: ObjectIdentifier(subscription))
+            return state.sequence == 0
+        }
         subscription.cancel()
+        if absent { retire(self) }
     }
 
     /// After a commit, outside the lock and in sequence order: each push goes to every subscriber (its
@@ -375,9 +432,11 @@ final class ManagedStore: Sendable {
             }
         }
         if !ended.isEmpty {
-            state.withLock { state in
+            let absent = state.withLock { state in
                 for key in ended { state.subscribers.removeValue(forKey: key) }
+                return state.sequence == 0
             }
+            if absent { retire(self) }
         }
     }
 
@@ -392,8 +451,11 @@ final class ManagedStore: Sendable {
     /// as Redis does: no hand-off to a writer thread and back. What queues meanwhile goes to the writer pool.
     ///
     /// Each write is moved into the queue, `nil` left in its place (`append(contentsOf:)` would copy each).
-    func submit(_ writes: consuming [PendingWrite?]) {
-        enum Next { case refused, queued, commitHere }
+    ///
+    /// Returns the writes, untouched, when the store is retired: the broker hands them to the store it looks up
+    /// again.
+    func submit(_ writes: consuming [PendingWrite?]) -> [PendingWrite?]? {
+        enum Next { case retired, refused, queued, commitHere }
         var completesGroup = false
         let hasDrop = writes.withUnsafeBufferPointer { writes in
             var hasDrop = false
@@ -401,6 +463,7 @@ final class ManagedStore: Sendable {
             return hasDrop
         }
         let next = state.withLock { state -> Next in
+            guard !state.retired else { return .retired }
             guard !state.stopping else { return .refused }
             // The writes of one connection, or of several that one turn of an event loop read (each run of one
             // submitter is told to the gathering once).
@@ -424,12 +487,15 @@ final class ManagedStore: Sendable {
         }
         if completesGroup { doorbell.ring() }
         switch next {
+        case .retired:
+            return writes
         case .refused:
             let error = BrokerError(.shuttingDown, "the broker is shutting down")
             for case let write? in writes { write.reply(.failure(error)) }
-            return
+            return nil
         case .commitHere:
-            return runWriter(groups: WriterPool.groupsPerTurn, itemBudget: Self.inlineItems)
+            runWriter(groups: WriterPool.groupsPerTurn, itemBudget: Self.inlineItems)
+            return nil
         case .queued:
             break
         }
@@ -437,6 +503,7 @@ final class ManagedStore: Sendable {
             if failure == nil { self.startWriterIfNeeded() }
             // On failure `load()` has already answered every pending write.
         }
+        return nil
     }
 
     private func startWriterIfNeeded() {
@@ -499,7 +566,11 @@ final class ManagedStore: Sendable {
                 }
             }
         }
-        if state.writerGoesOn() { environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) } }
+        if state.writerGoesOn() {
+            environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) }
+        } else if state.withLock({ $0.sequence == 0 }) {
+            retire(self)  // writes that created nothing, or a drop
+        }
     }
 
     /// Before a group: false when nothing is queued. Otherwise, on a writer thread, waits a little for the writers

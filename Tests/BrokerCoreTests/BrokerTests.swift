@@ -107,6 +107,93 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
         }
     }
 
+    /// Stores that do not exist are let go of once nothing is going on in them, racing with what arrives for the
+    /// same names meanwhile: reads, writes that change nothing and inserts on 300 fresh names at once lose no
+    /// write and make no second writer (each store's insert is its sequence 1, its item there once), and a
+    /// subscription to a store that does not exist keeps it, so the write that creates it reaches the subscriber.
+    @Test func storesThatHoldNothingAreLetGoWithoutLosingAWriteOrASubscriber() async throws {
+        for capabilities: EngineCapabilities in [[.persistent, .atomic], [.atomic, .nonblocking]] {
+            try await withBroker(engine: TestEngine(capabilities: capabilities)) { broker, _ in
+                let names = (0..<300).map { "fresh-\($0)" }
+                let inserted = await withTaskGroup(of: (String, UInt64?)?.self) { group in
+                    for name in names {
+                        for _ in 0..<3 { group.addTask { _ = await ask(broker, .count(store: name)); return nil } }
+                        group.addTask { _ = await ask(broker, .write(store: name, .remove([ItemID("nothing")]))); return nil }
+                        group.addTask { (name, sequence(of: await ask(broker, .write(store: name, .insert([item("a")]))))) }
+                        group.addTask { _ = await ask(broker, .get(store: name, ids: [ItemID("a")])); return nil }
+                    }
+                    var inserted: [String: UInt64?] = [:]
+                    for await case let (name, sequence)? in group { inserted[name] = sequence }
+                    return inserted
+                }
+                for name in names {
+                    #expect(inserted[name] == .some(1), "store \(name)")
+                    let ids = try await records(broker, name).map(\.id)
+                    #expect(ids == ["a"], "store \(name)")
+                }
+                let subscription = Subscription(id: 1, namespace: .store, name: "later", capacity: 100, wake: {})
+                _ = await withCheckedContinuation { c in
+                    broker.handle(.subscribe(namespace: .store, name: "later", start: .snapshot), subscription: subscription) {
+                        c.resume(returning: $0)
+                    }
+                }
+                for _ in 0..<10 { _ = await ask(broker, .count(store: "later")) }  // each may try to let it go
+                #expect(sequence(of: await ask(broker, .write(store: "later", .insert([item("x")])))) == 1)
+                let pushes = subscription.take(max: 10).map(\.push)
+                #expect(pushes.count == 2, "the snapshot, then the event of the write")
+                guard pushes.count == 2, case .storeEvent(let event) = pushes[1] else { return }
+                #expect(event.sequence == 1)
+            }
+        }
+    }
+
+    /// What a retired store does with what still reaches it (a request that looked it up just before): a write
+    /// and a subscription are given back untouched, for the broker to hand to the store it looks up again; a store
+    /// with a subscriber, or with items, is never retired.
+    @Test func aRetiredStoreGivesWritesAndSubscriptionsBack() async throws {
+        try await withTemporaryDirectory(prefix: "sb-retire") { directory in
+            let engine = TestEngine()
+            let dataDirectory = DataDirectory(root: directory)
+            _ = try dataDirectory.prepare()
+            let environment = StoreEnvironment(
+                directory: dataDirectory, engines: engine,
+                configuration: BrokerConfiguration(dataDirectory: directory, defaultEngine: "test"),
+                logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }), writers: WriterPool(limit: 1))
+            defer { environment.writers.stop() }
+            func count(_ store: ManagedStore) async -> Result<BrokerAnswer, BrokerError> {
+                await withCheckedContinuation { c in store.count(Reply { c.resume(returning: $0) }) }
+            }
+            func insert(_ store: ManagedStore, _ reply: Reply) -> [PendingWrite?]? {
+                store.submit([PendingWrite(kind: .write(.insert([item("a")])), condition: .unconditional, submitter: 1, reply: reply)])
+            }
+
+            let empty = ManagedStore(name: "empty", environment: environment)
+            _ = await count(empty)  // loaded: it does not exist
+            let watched = ManagedStore(name: "watched", environment: environment)
+            let subscription = Subscription(id: 1, namespace: .store, name: "watched", capacity: 10, wake: {})
+            _ = await withCheckedContinuation { c in
+                #expect(watched.subscribe(subscription, start: .snapshot, Reply { c.resume(returning: $0) }))
+            }
+            #expect(!watched.retireIfNothingHere(), "a store with a subscriber was retired")
+            let written = ManagedStore(name: "written", environment: environment)
+            _ = await withCheckedContinuation { c in #expect(insert(written, Reply { c.resume(returning: $0) }) == nil) }
+            await written.waitUntilWriterIdle()
+            #expect(!written.retireIfNothingHere(), "a store with items was retired")
+
+            #expect(empty.retireIfNothingHere())
+            #expect(!empty.retireIfNothingHere(), "retired twice")
+            #expect(insert(empty, Reply { _ in Issue.record("a retired store answered a write") })?.count == 1)
+            let late = Subscription(id: 2, namespace: .store, name: "empty", capacity: 10, wake: {})
+            #expect(!empty.subscribe(late, start: .snapshot, Reply { _ in Issue.record("a retired store subscribed") }))
+            guard case .success(.count(let position, 0)) = await count(empty) else {
+                Issue.record("a retired store did not answer a read")
+                return
+            }
+            #expect(position.sequence == 0)
+            #expect(engine.state.withLock { $0.applies.count } == 1)  // the one write to "written"
+        }
+    }
+
     @Test func chainsAreOneCommitWithTheirStepsInOrder() async throws {
         try await withBroker { broker, engine in
             _ = await ask(broker, .write(store: "s", .insert([item("x"), item("y")])))
