@@ -49,6 +49,13 @@ final class ValueSpace: Sendable {
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
 
         mutating func markLoadFailed() { loading = false }
+
+        /// Forgets a subscriber, and the name's table of them once it is empty: a client subscribing to many
+        /// names in turn leaves nothing behind.
+        mutating func removeSubscriber(_ key: ObjectIdentifier, of name: String) {
+            guard subscribers[name]?.removeValue(forKey: key) != nil, subscribers[name]?.isEmpty == true else { return }
+            subscribers[name] = nil
+        }
     }
 
     struct Write: QueuedWrite {
@@ -210,7 +217,7 @@ final class ValueSpace: Sendable {
     }
 
     func unsubscribe(_ subscription: Subscription) {
-        _ = state.withLock { $0.subscribers[subscription.name]?.removeValue(forKey: ObjectIdentifier(subscription)) }
+        state.withLock { $0.removeSubscriber(ObjectIdentifier(subscription), of: subscription.name) }
         subscription.cancel()
     }
 
@@ -372,7 +379,7 @@ final class ValueSpace: Sendable {
             }
             if !ended.isEmpty {
                 state.withLock { state in
-                    for (name, key) in ended { state.subscribers[name]?.removeValue(forKey: key) }
+                    for (name, key) in ended { state.removeSubscriber(key, of: name) }
                 }
             }
         }

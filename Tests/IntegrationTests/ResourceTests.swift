@@ -183,7 +183,8 @@ extension Integration {
                         var answered = 0
                         while answered < expected.count {
                             guard let (answerID, message) = try client.nextMessage() else { throw DaemonFailure("closed") }
-                            guard expected.contains(answerID) else { continue }  // a subscription's snapshot push
+                            // A subscription's snapshot push carries the subscription's id: not an answer.
+                            guard !message.type.isPush, expected.contains(answerID) else { continue }
                             answered += 1
                             switch message {
                             case .subscribed(let subscribed): subscriptions.append(subscribed.subscriptionID)
@@ -213,6 +214,55 @@ extension Integration {
                 // A store named meanwhile still works, and so does one of the names asked about.
                 _ = try await daemon.storectl(["insert", name(7), #"{"id":"x"}"#])
                 #expect(try await daemon.storectl(["count", name(7)]).stdout == "1\n")
+            }
+        }
+
+        /// The same for values: subscribing to 40,000 value names nobody sets, then unsubscribing, leaves resident
+        /// memory where it was. Before: each name kept an empty table of subscribers (~250 bytes) for good.
+        @Test(.enabled(if: residentMemoryIsMeaningful, "resident memory is meaningless under a sanitizer"))
+        func valueSubscriptionsLeaveNothingBehind() async throws {
+            try await Daemon.with(arguments: ["--engine", "memory"]) { daemon in
+                let client = try RawClient(socketPath: daemon.socketPath)
+                try client.handshake()
+                var id: UInt32 = 0
+                func subscribeAndLeave(from start: Int, count: Int) throws {
+                    for batch in stride(from: start, to: start + count, by: 100) {
+                        let names = batch..<min(batch + 100, start + count)
+                        var expected: Set<UInt32> = []
+                        for index in names {
+                            id += 1
+                            let name = "unset-\(index)-" + String(repeating: "v", count: 100)
+                            try client.request(.subscribe(.init(namespace: .value, name: name)), id: id)
+                            expected.insert(id)
+                        }
+                        var subscriptions: [UInt32] = []
+                        while subscriptions.count < names.count {
+                            guard let (answerID, message) = try client.nextMessage() else { throw DaemonFailure("closed") }
+                            switch message {
+                            case .subscribed(let subscribed) where expected.contains(answerID):
+                                subscriptions.append(subscribed.subscriptionID)
+                            case .error(let error): throw DaemonFailure("refused: \(error.message)")
+                            default: continue  // a subscription's first push (its id is the subscription's)
+                            }
+                        }
+                        for subscription in subscriptions {
+                            id += 1
+                            try client.request(.unsubscribe(.init(subscriptionID: subscription)), id: id)
+                        }
+                        var unsubscribed = 0
+                        while unsubscribed < subscriptions.count {
+                            guard let (_, message) = try client.nextMessage() else { throw DaemonFailure("closed") }
+                            if case .unsubscribed = message { unsubscribed += 1 }
+                        }
+                    }
+                }
+                try subscribeAndLeave(from: 0, count: 2_000)
+                let baseline = residentBytes(of: daemon)
+                try subscribeAndLeave(from: 2_000, count: 40_000)
+                _ = await eventually(within: 10) { residentBytes(of: daemon) <= baseline + 4 << 20 }
+                let after = residentBytes(of: daemon)
+                print("StoreNameCost values: \(baseline >> 10) KiB -> \(after >> 10) KiB after 40,000 value names")
+                #expect(after <= baseline + 4 << 20, "resident memory grew from \(baseline >> 20) to \(after >> 20) MiB")
             }
         }
     }
