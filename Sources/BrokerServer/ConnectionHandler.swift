@@ -54,9 +54,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// on this loop while actions were being performed (a commit made on the event loop), and the inbox's.
     private var answeredHere: [AnswerInbox.Answer] = []
     private var spareAnswers: [AnswerInbox.Answer] = []
-    /// Whether subscriptions have pushes waiting that the actions being performed have not taken yet (taken
-    /// before `answeredHere`, so that a commit's event precedes its answer).
-    private var pushesHere = false
+    /// The subscriptions with pushes waiting that the actions being performed have not taken yet (taken before
+    /// `answeredHere`, so that a commit's event precedes its answer).
+    private var pushesHere: [UInt32] = []
     /// Bytes of the writes in `pending`: written as far as the machine is concerned, not yet in the channel.
     private var pendingBytes = 0
     /// What the channel held and the time when the actions being performed began; valid until they are done
@@ -115,8 +115,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
                     id: id, namespace: namespace, name: name, capacity: subscriberBuffer,
                     wake: {
                         if loop.eventLoop.inEventLoop, loop.value.performing {
-                            loop.value.pushesHere = true  // a commit made here: its pushes leave with its answers
-                        } else if inbox.notePushes(), mailbox.post(loop) {
+                            loop.value.pushesHere.append(id)  // a commit made here: its pushes leave with its answers
+                        } else if inbox.notePushes(id), mailbox.post(loop) {
                             HandOffs.handOff { mailbox.schedule() }
                         }
                     })
@@ -134,7 +134,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         spareWrites = []
         answeredHere = []
         spareAnswers = []
-        pushesHere = false
+        pushesHere = []
         pendingBytes = 0
         gathered = .none
     }
@@ -251,9 +251,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 spareWrites = batch
                 continue
             }
-            if pushesHere {
-                pushesHere = false
-                event { $0.pushesWaiting(io: $1) }
+            if !pushesHere.isEmpty {
+                var ready: [UInt32] = []
+                swap(&ready, &pushesHere)
+                event { $0.pushesWaiting(ready, io: $1) }
                 continue
             }
             if !answeredHere.isEmpty {
@@ -423,7 +424,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// Everything answered from other threads since the last time, as one event, after the pushes waiting.
     func takeInbox() {
         let (answers, pushes) = inbox.takeAll()
-        pushesHere = pushesHere || pushes
+        pushesHere.append(contentsOf: pushes)
         answeredHere.append(contentsOf: answers)
         perform([])
     }
@@ -479,7 +480,8 @@ final class AnswerInbox: Sendable {
     typealias Answer = (UInt64, Result<BrokerAnswer, BrokerError>)
     private struct State {
         var answers: [Answer] = []
-        var pushes = false
+        /// The subscriptions that said they have pushes waiting.
+        var pushes: [UInt32] = []
         var scheduled = false
         /// How many answers the last batch held: the next one starts with room for as many (one allocation per
         /// batch, not one per doubling).
@@ -502,21 +504,21 @@ final class AnswerInbox: Sendable {
         }
     }
 
-    /// Notes that a subscription has pushes waiting; true when the caller must schedule the task.
-    func notePushes() -> Bool {
+    /// Notes that subscription `id` has pushes waiting; true when the caller must schedule the task.
+    func notePushes(_ id: UInt32) -> Bool {
         state.withLock { state in
-            state.pushes = true
+            state.pushes.append(id)
             return state.schedule()
         }
     }
 
-    func takeAll() -> (answers: [Answer], pushes: Bool) {
+    func takeAll() -> (answers: [Answer], pushes: [UInt32]) {
         state.withLock { state in
             state.scheduled = false
             state.lastCount = state.answers.count
             defer {
                 state.answers = []
-                state.pushes = false
+                state.pushes = []
             }
             return (state.answers, state.pushes)
         }

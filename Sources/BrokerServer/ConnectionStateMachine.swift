@@ -102,6 +102,10 @@ struct ConnectionStateMachine {
     private var subscriptions: [UInt32: Subscription] = [:]
     /// Subscriptions whose `subscribed` answer has gone out, so their pushes may follow.
     private var flowing = Set<UInt32>()
+    /// Subscriptions that said they have pushes waiting (`pushesWaiting`), in that order, not yet drained: only
+    /// these are gone through, never every subscription of the connection (a connection with 20,000 of them
+    /// went through them all, sorted, for every push).
+    private var ready = Deque<UInt32>()
     private var nextSubscriptionID: UInt32 = 1
 
     private var readHeld = false
@@ -237,8 +241,10 @@ struct ConnectionStateMachine {
     func awaits(slot: UInt64) -> Bool { awaitingStart == slot }
 
     /// Subscriptions have pushes waiting, or the socket drained.
-    mutating func pushesWaiting(io: IOState) -> [Action] {
+    /// Subscriptions `ids` have pushes waiting (each says so once, when its empty buffer gets a push).
+    mutating func pushesWaiting(_ ids: [UInt32], io: IOState) -> [Action] {
         begin(io)
+        ready.append(contentsOf: ids)
         drainSubscriptions()
         return end()
     }
@@ -331,6 +337,7 @@ struct ConnectionStateMachine {
         for subscription in subscriptions.values { emit(.unsubscribe(subscription)) }
         subscriptions = [:]
         flowing = []
+        ready = []
         held = []
         return end()
     }
@@ -664,6 +671,9 @@ struct ConnectionStateMachine {
             emit(.write(answer))
             if let subscriptionID = first.opensSubscription, subscriptions[subscriptionID] != nil {
                 flowing.insert(subscriptionID)
+                // What it was offered before (its snapshot, history) woke the connection while it could not
+                // flow yet: drained now.
+                ready.append(subscriptionID)
                 opened = true
             }
             slots.removeFirst()
@@ -672,15 +682,23 @@ struct ConnectionStateMachine {
         if opened { drainSubscriptions() }
     }
 
-    /// Writes queued pushes while the socket takes them.
+    /// Writes the pushes of the subscriptions that are ready while the socket takes them; one the socket stopped
+    /// taking stays first in line.
     private mutating func drainSubscriptions() {
         guard !closing else { return }
         var wrote = false
-        for subscriptionID in flowing.sorted() {
-            guard let subscription = subscriptions[subscriptionID] else { continue }
+        while writable, let subscriptionID = ready.first {
+            guard flowing.contains(subscriptionID), let subscription = subscriptions[subscriptionID] else {
+                ready.removeFirst()  // gone, or not flowing yet (it is drained when its `subscribed` goes out)
+                continue
+            }
+            var drained = false
             pushing: while writable {
                 let pushes = subscription.take(max: 32)
-                if pushes.isEmpty { break }
+                if pushes.isEmpty {
+                    drained = true
+                    break
+                }
                 for shared in pushes {
                     // Encoded once for every subscriber of the commit (with id 0); each connection writes the
                     // frames with its own subscription id.
@@ -714,7 +732,10 @@ struct ConnectionStateMachine {
                 // It lagged: the notice is out; the subscription is over.
                 subscriptions.removeValue(forKey: subscriptionID)
                 flowing.remove(subscriptionID)
+                drained = true
             }
+            guard drained else { break }  // the socket is full: this one goes on first when it drains
+            ready.removeFirst()
         }
         if wrote { emit(.flush) }
     }

@@ -134,7 +134,7 @@ import Wire
         }
         let position = Position(epoch: 3, sequence: 9)
         subscription.offer(.storeLoaded(position, []), at: position, force: true)
-        step = h.take(h.machine.pushesWaiting(io: h.io()))
+        step = h.take(h.machine.pushesWaiting([subscription.id], io: h.io()))
         #expect(step.messages.isEmpty, "a push went out before subscribed")
         step = h.take(h.machine.answered(slot: 0, .success(.subscribed(subscriptionID: subscription.id)), io: h.io()))
         #expect(step.messages.map(\.0) == [4, subscription.id])

@@ -16,6 +16,17 @@ func residentBytes(of daemon: Daemon) -> Int {
 
 let mebibyte = 1 << 20
 
+/// The CPU time the daemon has used, in clock ticks (utime + stime of /proc/PID/stat).
+func cpuTicks(of daemon: Daemon) -> Int {
+    guard let pid = daemon.process?.pid,
+        let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)
+    else { return 0 }
+    // After the name (2nd field, in parentheses), utime and stime are the 12th and 13th fields.
+    let fields = stat.split(separator: ")").last?.split(separator: " ") ?? []
+    guard fields.count > 12 else { return 0 }
+    return (Int(fields[11]) ?? 0) + (Int(fields[12]) ?? 0)
+}
+
 /// Resident memory says nothing under a sanitizer: AddressSanitizer keeps freed memory in its quarantine (and
 /// both add shadow memory), so the bounds below hold only for the plain builds. `scripts/reliability.sh` sets
 /// `STOREBROKER_SANITIZER` for its sanitized runs; the live fuzz and load steps check memory on the plain build.
@@ -263,6 +274,59 @@ extension Integration {
                 let after = residentBytes(of: daemon)
                 print("StoreNameCost values: \(baseline >> 10) KiB -> \(after >> 10) KiB after 40,000 value names")
                 #expect(after <= baseline + 4 << 20, "resident memory grew from \(baseline >> 20) to \(after >> 20) MiB")
+            }
+        }
+    }
+
+    /// Many subscriptions on one connection cost each push what one costs: 10,000 subscriptions to one store,
+    /// opened 100 at a time, and the last 2,500 take the daemon about the CPU the first 2,500 took. Before: every
+    /// push waiting on the connection (each new subscription's snapshot) made it go through all its subscriptions,
+    /// sorted: quadratic, one event loop busy for seconds (release build: 15,000 subscriptions in 8 s, 20,000 in
+    /// 30 s; this test's debug daemon: 134 s of CPU for the first 10,000).
+    @Suite struct SubscriptionCost {
+        @Test func manySubscriptionsOnOneConnectionCostEachPushWhatOneCosts() async throws {
+            try await Daemon.with(arguments: ["--engine", "memory"]) { daemon in
+                _ = try await daemon.storectl(["insert", "watched", #"{"id":"a"}"#])
+                let client = try RawClient(socketPath: daemon.socketPath)
+                try client.handshake()
+                var id: UInt32 = 0
+                func subscribe(_ count: Int) throws {
+                    for _ in stride(from: 0, to: count, by: 100) {
+                        for _ in 0..<100 {
+                            id += 1
+                            try client.request(.subscribe(.init(name: "watched")), id: id)
+                        }
+                        var answered = 0
+                        while answered < 100 {
+                            guard let (_, message) = try client.nextMessage() else { throw DaemonFailure("closed") }
+                            switch message {
+                            case .subscribed: answered += 1
+                            case .error(let error): throw DaemonFailure("refused: \(error.message)")
+                            default: continue  // a snapshot push
+                            }
+                        }
+                    }
+                }
+                var ticks: [Int] = []
+                let started = ContinuousClock.now
+                for _ in 0..<4 {
+                    let before = cpuTicks(of: daemon)
+                    try subscribe(2_500)
+                    ticks.append(cpuTicks(of: daemon) - before)
+                    if ContinuousClock.now - started > .seconds(90) { break }
+                }
+                print("SubscriptionCost: daemon CPU ticks per 2,500 subscriptions: \(ticks)")
+                #expect(ticks.count == 4, "10,000 subscriptions took more than 90 s")
+                if let first = ticks.first, let last = ticks.last, ticks.count == 4 {
+                    #expect(last <= 3 * max(first, 10), "the last 2,500 cost \(last) ticks, the first \(first)")
+                }
+                // A commit still reaches every subscription: one event each.
+                _ = try await daemon.storectl(["insert", "watched", #"{"id":"b"}"#])
+                var events = 0
+                while events < 10_000, let (_, message) = try client.nextMessage() {
+                    if case .storeEvent = message { events += 1 }
+                }
+                #expect(events == 10_000)
             }
         }
     }
