@@ -330,6 +330,7 @@ public final class BrokerDaemon: Sendable {
     ) -> ServerBootstrap {
         let limits = configuration.limits
         let subscriberBuffer = configuration.broker.subscriberBuffer
+        let maxSubscriptions = configuration.maxSubscriptions
         let budget = ByteBudget(perConnection: configuration.maxConnectionBytes, total: configuration.maxTotalBytes)
         let timeouts = Timeouts(handshake: configuration.handshakeTimeout, frame: configuration.frameTimeout)
         let acceptTrouble = AcceptTroubleLog(logger: logger)
@@ -397,7 +398,7 @@ public final class BrokerDaemon: Sendable {
                         try channel.pipeline.syncOperations.addHandler(
                             ConnectionHandler(
                                 broker: broker, limits: limits, subscriberBuffer: subscriberBuffer,
-                                registry: registry, budget: budget, timeouts: timeouts, context: context,
+                                maxSubscriptions: maxSubscriptions, registry: registry, budget: budget, timeouts: timeouts, context: context,
                                 logger: connectionLogger))
                     }
                 }

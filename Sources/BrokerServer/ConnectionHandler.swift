@@ -30,6 +30,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private let broker: Broker
     private let limits: ServerSession.Limits
     private let subscriberBuffer: Int
+    private let maxSubscriptions: Int
     private let registry: ConnectionRegistry
     private let budget: ByteBudget
     private let timeouts: Timeouts
@@ -85,7 +86,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
     static let writeBufferWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 64 * 1024, high: 256 * 1024)
 
     init(
-        broker: Broker, limits: ServerSession.Limits, subscriberBuffer: Int, registry: ConnectionRegistry,
+        broker: Broker, limits: ServerSession.Limits, subscriberBuffer: Int, maxSubscriptions: Int = 1024,
+        registry: ConnectionRegistry,
         budget: ByteBudget, timeouts: Timeouts, context: RequestContext, logger: Logger
     ) {
         self.broker = broker
@@ -94,6 +96,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         self.requestContext = context
         self.limits = limits
         self.subscriberBuffer = subscriberBuffer
+        self.maxSubscriptions = maxSubscriptions
         self.registry = registry
         self.logger = logger
     }
@@ -108,7 +111,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         replies = ConnectionReplies(loop: loop, inbox: inbox, mailbox: mailbox)
         machine = ConnectionStateMachine(
             configuration: .init(
-                limits: limits, timeouts: timeouts, highWatermark: Self.writeBufferWaterMark.high),
+                limits: limits, timeouts: timeouts, highWatermark: Self.writeBufferWaterMark.high,
+                maxSubscriptions: maxSubscriptions),
             budget: budget, logger: logger,
             makeSubscription: { id, namespace, name in
                 Subscription(

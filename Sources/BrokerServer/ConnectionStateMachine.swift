@@ -18,6 +18,8 @@ struct ConnectionStateMachine {
         var timeouts: Timeouts
         /// The channel's high write watermark: past it the socket counts as full until it drains.
         var highWatermark: Int
+        /// Subscriptions the connection may hold at once; a `subscribe` past them is refused.
+        var maxSubscriptions = 1024
     }
 
     /// What the socket looks like when an event arrives.
@@ -566,6 +568,13 @@ struct ConnectionStateMachine {
             record(slot: slot, .success(.pong(.init())))
         case .command(let command):
             var subscription: Subscription?
+            if case .subscribe = command, subscriptions.count >= configuration.maxSubscriptions {
+                let error = WireError(
+                    .tooManySubscriptions,
+                    "this connection holds \(subscriptions.count) subscriptions, the most it may "
+                        + "(--max-subscriptions); unsubscribe first, or open another connection")
+                return record(slot: slot, .failure(error))
+            }
             if case .subscribe(let namespace, let name, _) = command {
                 let subscriptionID = nextSubscriptionID
                 nextSubscriptionID &+= 1

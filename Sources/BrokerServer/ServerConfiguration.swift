@@ -31,6 +31,9 @@ public struct ServerConfiguration: Sendable {
     public var maxTotalBytes: Int = 512 << 20
     /// Connections served at once (`--max-connections`); one more is refused with `tooManyConnections`.
     public var maxConnections: Int = 4096
+    /// Subscriptions one connection may hold at once (`--max-subscriptions`); one more is refused with
+    /// `tooManySubscriptions`.
+    public var maxSubscriptions: Int = 1024
     /// A connection must complete its `hello` within this (`--handshake-timeout`).
     public var handshakeTimeout: Duration = .seconds(10)
     /// A frame begun must be complete within this (`--frame-timeout`); idle connections are never closed.

@@ -75,6 +75,9 @@ public struct ErrorCode: RawRepresentable, Hashable, Sendable, Codable, CustomSt
     public static let internalError = ErrorCode(rawValue: 0x0204)
     /// The server is at its connection limit (`--max-connections`); the connection is closed. Try again later.
     public static let tooManyConnections = ErrorCode(rawValue: 0x0205)
+    /// The connection holds as many subscriptions as it may (`--max-subscriptions`); unsubscribe first, or open
+    /// another connection. The connection goes on.
+    public static let tooManySubscriptions = ErrorCode(rawValue: 0x0206)
 
     /// Every code this version defines, with its name.
     public static let known: [(ErrorCode, String)] = [
@@ -87,7 +90,7 @@ public struct ErrorCode: RawRepresentable, Hashable, Sendable, Codable, CustomSt
         (.invalidRequest, "invalidRequest"), (.notSupported, "notSupported"), (.engineError, "engineError"),
         (.engineUnavailable, "engineUnavailable"), (.storageFull, "storageFull"),
         (.shuttingDown, "shuttingDown"), (.internalError, "internalError"),
-        (.tooManyConnections, "tooManyConnections"),
+        (.tooManyConnections, "tooManyConnections"), (.tooManySubscriptions, "tooManySubscriptions"),
     ]
 
     /// The code's name, or its hex value when this version does not know it.

@@ -112,6 +112,12 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
     var maxInFlight: Int = 128
 
     @Option(
+        name: .customLong("max-subscriptions"),
+        help: ArgumentHelp(
+            "Subscriptions one connection may hold at once; one more is refused (tooManySubscriptions).", valueName: "n"))
+    var maxSubscriptions: Int = 1024
+
+    @Option(
         name: .customLong("max-connections"),
         help: ArgumentHelp("Connections served at once; one more is refused (tooManyConnections).", valueName: "n"))
     var maxConnections: Int = 4096
@@ -179,6 +185,7 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         }
         guard maxBatch >= 1 else { throw ValidationError("--max-batch must be at least 1") }
         guard maxInFlight >= 1 else { throw ValidationError("--max-in-flight must be at least 1") }
+        guard maxSubscriptions >= 1 else { throw ValidationError("--max-subscriptions must be at least 1") }
         guard historyBytes >= 0 else { throw ValidationError("--history-bytes cannot be negative") }
         guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
         guard maxConnectionBytes >= maxFrame + 65536 else {
@@ -237,6 +244,7 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
             allowRules: allowUIDs.compactMap(AccessRule.init(parsing:)),
             inheritedSocket: Self.socketFromSystemd(environment))
         configuration.maxConnections = maxConnections
+        configuration.maxSubscriptions = maxSubscriptions
         configuration.maxConnectionBytes = maxConnectionBytes
         configuration.maxTotalBytes = maxTotalBytes
         configuration.handshakeTimeout = .milliseconds(Int64(handshakeTimeout * 1000))

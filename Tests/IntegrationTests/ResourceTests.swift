@@ -284,8 +284,74 @@ extension Integration {
     /// sorted: quadratic, one event loop busy for seconds (release build: 15,000 subscriptions in 8 s, 20,000 in
     /// 30 s; this test's debug daemon: 134 s of CPU for the first 10,000).
     @Suite struct SubscriptionCost {
+        /// A connection holds at most `--max-subscriptions` subscriptions: one more is refused with
+        /// `tooManySubscriptions` and the connection goes on; an unsubscribe makes room; the limit is per
+        /// connection. A limit below 1 stops start-up. Before: no limit (one connection held 100,000
+        /// subscriptions to distinct stores, 125 MiB of the daemon's memory, in 3 s).
+        @Test func subscriptionsPerConnectionAreCapped() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = try ChildProcess(
+                    [binDirectory + "/storebrokerd", "--socket", directory + "/s.sock", "--data-dir", directory + "/data",
+                     "--no-dbus", "--max-subscriptions", "0"],
+                    stdoutPath: directory + "/log", stderrPath: directory + "/log", in: directory)
+                #expect(await daemon.wait(atMost: 30) != 0)
+                #expect(daemon.stderr.contains("--max-subscriptions must be at least 1"), "\(daemon.stderr)")
+            }
+            try await Daemon.with(arguments: ["--engine", "memory", "--max-subscriptions", "3"]) { daemon in
+                let client = try RawClient(socketPath: daemon.socketPath)
+                try client.handshake()
+                /// The answer to request `id` (pushes skipped).
+                func answer(_ id: UInt32) throws -> ServerMessage {
+                    while let (answerID, message) = try client.nextMessage() {
+                        if answerID == id, !message.type.isPush { return message }
+                    }
+                    throw DaemonFailure("closed")
+                }
+                var subscriptions: [UInt32] = []
+                for index in 0..<3 {
+                    try client.request(.subscribe(.init(name: "s\(index)")), id: UInt32(index + 1))
+                    guard case .subscribed(let subscribed) = try answer(UInt32(index + 1)) else {
+                        Issue.record("subscription \(index) refused")
+                        return
+                    }
+                    subscriptions.append(subscribed.subscriptionID)
+                }
+                try client.request(.subscribe(.init(name: "s3")), id: 10)
+                guard case .error(let refused) = try answer(10) else {
+                    Issue.record("a fourth subscription was accepted")
+                    return
+                }
+                #expect(refused.code == .tooManySubscriptions)
+                #expect(refused.message.contains("--max-subscriptions"), "\(refused.message)")
+                try client.request(.ping(.init()), id: 11)
+                guard case .pong = try answer(11) else { throw DaemonFailure("the connection did not go on") }
+                try client.request(.unsubscribe(.init(subscriptionID: subscriptions[0])), id: 12)
+                guard case .unsubscribed = try answer(12) else { throw DaemonFailure("not unsubscribed") }
+                try client.request(.subscribe(.init(name: "s3")), id: 13)
+                guard case .subscribed = try answer(13) else {
+                    Issue.record("no room after an unsubscribe")
+                    return
+                }
+                // Per connection: another one has room of its own.
+                let other = try RawClient(socketPath: daemon.socketPath)
+                try other.handshake()
+                try other.request(.subscribe(.init(name: "s0")), id: 1)
+                var otherAnswer: ServerMessage?
+                while let (answerID, message) = try other.nextMessage() {
+                    if answerID == 1, !message.type.isPush {
+                        otherAnswer = message
+                        break
+                    }
+                }
+                guard case .subscribed? = otherAnswer else {
+                    Issue.record("another connection was refused: \(String(describing: otherAnswer))")
+                    return
+                }
+            }
+        }
+
         @Test func manySubscriptionsOnOneConnectionCostEachPushWhatOneCosts() async throws {
-            try await Daemon.with(arguments: ["--engine", "memory"]) { daemon in
+            try await Daemon.with(arguments: ["--engine", "memory", "--max-subscriptions", "20000"]) { daemon in
                 _ = try await daemon.storectl(["insert", "watched", #"{"id":"a"}"#])
                 let client = try RawClient(socketPath: daemon.socketPath)
                 try client.handshake()

@@ -200,6 +200,10 @@ let samples: [Sample] = [
     Sample(
         name: "error-tooManyConnections", id: 0,
         message: .server(.error(.init(code: .tooManyConnections, message: "the broker serves 4096 connections already")))),
+    Sample(
+        name: "error-tooManySubscriptions", id: 9,
+        message: .server(
+            .error(.init(code: .tooManySubscriptions, message: "this connection holds 1024 subscriptions, the most it may")))),
     // Pushes.
     Sample(
         name: "storeLoaded", id: 1,
