@@ -7,9 +7,11 @@ import NIOCore
 /// With many clients each waiting for its answer, a read cycle holds one write. Submitted connection by
 /// connection, each was a group commit of its own (50 clients, memory engine: 0.96 commits per insert), paying a
 /// group's fixed costs (the store's lock taken five times, the planner, the engine call, the history, the
-/// hand-offs) per write. Here the writes of every connection one turn read are admitted into one
+/// hand-offs) per write. Here the writes of the connections one turn reads after the first are admitted into one
 /// `Broker.WriteBatch` as they arrive and submitted once: one group per store, and each connection takes the
 /// answers that commit gave it in one batch and flushes once (it is `performing` while the batch is submitted).
+/// The turn's first writes are submitted at once, as they were: a lone client's write waits for no task (the
+/// task cost a single client's insert 2–3 µs of its round trip, its p50 1.09× -> 1.13× our ping's).
 final class LoopWrites: Sendable {
     private let broker: Broker
     private let eventLoop: any EventLoop
@@ -47,9 +49,16 @@ final class LoopWrites: Sendable {
         turn = NIOLoopBoundBox(Turn(), eventLoop: eventLoop)
     }
 
-    /// Admits `requests` (writes) from `connection`, to be submitted at the end of this turn of the loop.
-    /// A write an interceptor refuses is answered here.
+    /// Submits `requests` (writes) from `connection` now if they are the turn's first, else admits them, to be
+    /// submitted at the end of this turn of the loop. A write an interceptor refuses is answered here.
     func add(_ requests: [BrokerRequest], context: RequestContext, from connection: ConnectionHandler) {
+        guard turn.value.scheduled else {
+            // The turn's first: at once (the connection is performing, so what the commit gives it is taken when
+            // its actions are done); the task that ends the turn gathers the writes of the connections after it.
+            turn.value.scheduled = true
+            eventLoop.execute { self.submit() }
+            return broker.handle(requests, context: context)
+        }
         // Taken out while the broker runs: a refusal answers the connection, which must not find the turn in use.
         var batch = Broker.WriteBatch()
         swap(&batch, &turn.value.batch)
@@ -59,14 +68,11 @@ final class LoopWrites: Sendable {
             connection.writesInTurn = true
             turn.value.connections.append(connection)
         }
-        if !turn.value.scheduled {
-            turn.value.scheduled = true
-            eventLoop.execute { self.submit() }
-        }
     }
 
     private func submit() {
         var (batch, connections) = turn.value.take()
+        guard !connections.isEmpty else { return }  // only the turn's first wrote: submitted already
         for connection in connections { connection.beginTakingAnswers() }
         broker.submit(&batch)
         for connection in connections {
