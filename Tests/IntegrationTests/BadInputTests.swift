@@ -254,12 +254,6 @@ extension Integration {
         /// quadratic in the steps, seconds of one event loop for one request within `--max-batch`.
         @Test func aChainOfManyStepsCostsWhatOneBatchCosts() async throws {
             try await Daemon.with { daemon in
-                let pid = daemon.process!.pid
-                func cpuTicks() throws -> Int {
-                    // utime and stime, the 14th and 15th fields of /proc/PID/stat (the name, 2nd, has no spaces).
-                    let fields = try String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8).split(separator: " ")
-                    return Int(fields[13])! + Int(fields[14])!
-                }
                 let count = 5_000  // a chain's items and steps count against --max-batch: 10,000 together
                 func items(_ prefix: String) -> [Item] {
                     (0..<count).map { Item(id: ItemID("\(prefix)\($0)"), payload: Payload("{}")) }
@@ -267,14 +261,14 @@ extension Integration {
                 let client = try RawClient(socketPath: daemon.socketPath)
                 try client.handshake()
                 func committed(_ message: ClientMessage, id: UInt32) throws -> Int {
-                    let start = try cpuTicks()
+                    let start = cpuTicks(of: daemon)
                     try client.request(message, id: id)
                     let answer = try client.nextMessage()
                     guard case .writeResult(let result)? = answer?.message, result.committed else {
                         Issue.record("request \(id) was not committed: \(String(describing: answer))")
                         return 0
                     }
-                    return try cpuTicks() - start
+                    return cpuTicks(of: daemon) - start
                 }
                 let batch = try committed(.insert(.init(store: "batch", items: items("b"))), id: 1)
                 let chain = try committed(
