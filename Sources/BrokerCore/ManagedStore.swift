@@ -304,7 +304,9 @@ final class ManagedStore: Sendable {
     func info(_ reply: Reply) {
         whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
-            reply(.success(.storeInfo(self.currentInfo())))
+            let info = self.currentInfo()
+            reply(.success(.storeInfo(info)))
+            if info.sequence == 0 { self.retire(self) }
         }
     }
 

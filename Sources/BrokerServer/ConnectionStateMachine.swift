@@ -242,7 +242,6 @@ struct ConnectionStateMachine {
     /// Whether the next request waits for the handler to come back from the start of `slot`.
     func awaits(slot: UInt64) -> Bool { awaitingStart == slot }
 
-    /// Subscriptions have pushes waiting, or the socket drained.
     /// Subscriptions `ids` have pushes waiting (each says so once, when its empty buffer gets a push).
     mutating func pushesWaiting(_ ids: [UInt32], io: IOState) -> [Action] {
         begin(io)
