@@ -13,13 +13,13 @@ import Wire
 /// actions are being performed: its actions queue behind the current ones, and the connection flushes once
 /// when the queue is empty, so one read cycle is one flush however many requests it carried.
 ///
-/// The writes one read cycle starts go to the loop's `LoopWrites` together when the actions are done; the writes
-/// every connection of the loop handed in during one turn reach the broker at its end, one hand-off and one
-/// group per store, and each connection takes what that commit gave it as one event. Answers from other threads (a writer's commit group, a load) land in
-/// the connection's inbox, and one event-loop task takes whatever has gathered there into the machine as one
-/// event: one flush per batch of answers, not per answer, and one task per loop for all its connections a
-/// commit answered (`LoopMailbox`). Pushes waiting in the connection's
-/// subscriptions go through the same inbox, so what one commit gives a connection (its event in a
+/// The writes one read cycle starts go to the loop's `LoopWrites` together when the actions are done: those of
+/// the turn's first connection reach the broker at once, those of the connections after it together at the
+/// turn's end (one hand-off and one group per store), each connection taking what that commit gave it as one
+/// event. Answers from other threads (a writer's commit group, a load) land in the connection's inbox, and one
+/// event-loop task takes whatever has gathered there into the machine as one event: one flush per batch of
+/// answers, not per answer, and one task per loop for all its connections a commit answered (`LoopMailbox`).
+/// Pushes waiting in the connection's subscriptions go through the same inbox, so what one commit gives a connection (its event in a
 /// subscription and the answer to the write) leaves in one write, the pushes first: a client that follows the
 /// store it writes to is woken once, with its mirror already showing the write when the answer arrives.
 final class ConnectionHandler: ChannelDuplexHandler {
@@ -242,8 +242,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
         while true {
             while let action = pending.popFirst() { execute(action) }
             if !writes.isEmpty {
-                // A write refused at once (an interceptor) answers here, into `answeredHere`: go round again.
-                // The others are answered once the loop has submitted its turn's writes (`endTakingAnswers`).
+                // A write refused at once (an interceptor) or committed here (the turn's first, for the memory
+                // engine) answers into `answeredHere`: go round again. The others are answered once the loop has
+                // submitted its turn's writes (`endTakingAnswers`).
                 // The array is handed on whole and a spare takes its place; emptied after, it is the next spare: a
                 // pipelined connection neither regrows them from one element every read cycle nor allocates a new
                 // one (a copy emptied with `keepingCapacity` would, its buffer being still shared).
