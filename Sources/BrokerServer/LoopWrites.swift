@@ -72,14 +72,15 @@ final class LoopWrites: Sendable {
 
     private func submit() {
         var (batch, connections) = turn.value.take()
-        guard !connections.isEmpty else { return }  // only the turn's first wrote: submitted already
-        for connection in connections { connection.beginTakingAnswers() }
-        broker.submit(&batch)
-        for connection in connections {
-            connection.writesInTurn = false
-            connection.endTakingAnswers()
+        if !connections.isEmpty {  // else only the turn's first connection wrote: submitted already
+            for connection in connections { connection.beginTakingAnswers() }
+            broker.submit(&batch)
+            for connection in connections {
+                connection.writesInTurn = false
+                connection.endTakingAnswers()
+            }
+            connections.removeAll(keepingCapacity: true)
         }
-        connections.removeAll(keepingCapacity: true)
         turn.value.giveBack(batch, connections)
     }
 

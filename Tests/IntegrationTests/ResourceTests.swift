@@ -168,6 +168,22 @@ extension Integration {
     /// and create no store. Before: the broker kept an object per name it was ever asked about, ~950 bytes each
     /// for good (100,000 `count`s of distinct names: 28 -> 122 MiB resident in 2.2 s).
     @Suite struct StoreNameCost {
+        /// Sends `requests` and reads their answers (a refusal is an error), then ends the subscriptions they opened.
+        func askThenUnsubscribe(_ client: RawClient, _ requests: [ClientMessage], id: inout UInt32) throws {
+            var subscriptions: [UInt32] = []
+            for answer in try client.exchange(requests, id: &id) {
+                switch answer {
+                case .subscribed(let subscribed): subscriptions.append(subscribed.subscriptionID)
+                case .error(let error): throw DaemonFailure("refused: \(error.message)")
+                default: break
+                }
+            }
+            let ended = try client.exchange(subscriptions.map { .unsubscribe(.init(subscriptionID: $0)) }, id: &id)
+            guard ended.allSatisfy({ if case .unsubscribed = $0 { true } else { false } }) else {
+                throw DaemonFailure("not unsubscribed: \(ended)")
+            }
+        }
+
         @Test(.enabled(if: residentMemoryIsMeaningful, "resident memory is meaningless under a sanitizer"))
         func requestsOnStoresThatDoNotExistLeaveNothingBehind() async throws {
             try await Daemon.with(arguments: ["--engine", "memory"]) { daemon in
@@ -175,44 +191,20 @@ extension Integration {
                 try client.handshake()
                 var id: UInt32 = 0
                 func name(_ index: Int) -> String { "absent-\(index)-" + String(repeating: "n", count: 100) }
-                /// `count` names from `start`, each asked one kind of request, pipelined 100 at a time.
+                /// `count` names from `start`, each asked one kind of request, 100 at a time.
                 func ask(from start: Int, count: Int) throws {
                     for batch in stride(from: start, to: start + count, by: 100) {
-                        var expected: [UInt32] = []
-                        for index in batch..<min(batch + 100, start + count) {
-                            id += 1
+                        let requests: [ClientMessage] = (batch..<min(batch + 100, start + count)).map { index in
                             let store = name(index)
                             switch index % 5 {
-                            case 0: try client.request(.count(.init(store: store)), id: id)
-                            case 1: try client.request(.getItems(.init(store: store, ids: [ItemID("a")])), id: id)
-                            case 2: try client.request(.remove(.init(store: store, elements: [ItemID("a")])), id: id)
-                            case 3: try client.request(.getStoreInfo(.init(store: store)), id: id)
-                            default: try client.request(.subscribe(.init(name: store)), id: id)
-                            }
-                            expected.append(id)
-                        }
-                        var subscriptions: [UInt32] = []
-                        var answered = 0
-                        while answered < expected.count {
-                            guard let (answerID, message) = try client.nextMessage() else { throw DaemonFailure("closed") }
-                            // A subscription's snapshot push carries the subscription's id: not an answer.
-                            guard !message.type.isPush, expected.contains(answerID) else { continue }
-                            answered += 1
-                            switch message {
-                            case .subscribed(let subscribed): subscriptions.append(subscribed.subscriptionID)
-                            case .error(let error): throw DaemonFailure("request \(answerID) refused: \(error.message)")
-                            default: break
+                            case 0: return .count(.init(store: store))
+                            case 1: return .getItems(.init(store: store, ids: [ItemID("a")]))
+                            case 2: return .remove(.init(store: store, elements: [ItemID("a")]))
+                            case 3: return .getStoreInfo(.init(store: store))
+                            default: return .subscribe(.init(name: store))
                             }
                         }
-                        for subscription in subscriptions {
-                            id += 1
-                            try client.request(.unsubscribe(.init(subscriptionID: subscription)), id: id)
-                        }
-                        var unsubscribed = 0
-                        while unsubscribed < subscriptions.count {
-                            guard let (_, message) = try client.nextMessage() else { throw DaemonFailure("closed") }
-                            if case .unsubscribed = message { unsubscribed += 1 }
-                        }
+                        try askThenUnsubscribe(client, requests, id: &id)
                     }
                 }
                 try ask(from: 0, count: 2_000)
@@ -239,33 +231,10 @@ extension Integration {
                 var id: UInt32 = 0
                 func subscribeAndLeave(from start: Int, count: Int) throws {
                     for batch in stride(from: start, to: start + count, by: 100) {
-                        let names = batch..<min(batch + 100, start + count)
-                        var expected: Set<UInt32> = []
-                        for index in names {
-                            id += 1
-                            let name = "unset-\(index)-" + String(repeating: "v", count: 100)
-                            try client.request(.subscribe(.init(namespace: .value, name: name)), id: id)
-                            expected.insert(id)
+                        let requests: [ClientMessage] = (batch..<min(batch + 100, start + count)).map { index in
+                            .subscribe(.init(namespace: .value, name: "unset-\(index)-" + String(repeating: "v", count: 100)))
                         }
-                        var subscriptions: [UInt32] = []
-                        while subscriptions.count < names.count {
-                            guard let (answerID, message) = try client.nextMessage() else { throw DaemonFailure("closed") }
-                            switch message {
-                            case .subscribed(let subscribed) where expected.contains(answerID):
-                                subscriptions.append(subscribed.subscriptionID)
-                            case .error(let error): throw DaemonFailure("refused: \(error.message)")
-                            default: continue  // a subscription's first push (its id is the subscription's)
-                            }
-                        }
-                        for subscription in subscriptions {
-                            id += 1
-                            try client.request(.unsubscribe(.init(subscriptionID: subscription)), id: id)
-                        }
-                        var unsubscribed = 0
-                        while unsubscribed < subscriptions.count {
-                            guard let (_, message) = try client.nextMessage() else { throw DaemonFailure("closed") }
-                            if case .unsubscribed = message { unsubscribed += 1 }
-                        }
+                        try askThenUnsubscribe(client, requests, id: &id)
                     }
                 }
                 try subscribeAndLeave(from: 0, count: 2_000)
@@ -279,11 +248,7 @@ extension Integration {
         }
     }
 
-    /// Many subscriptions on one connection cost each push what one costs: 10,000 subscriptions to one store,
-    /// opened 100 at a time, and the last 2,500 take the daemon about the CPU the first 2,500 took. Before: every
-    /// push waiting on the connection (each new subscription's snapshot) made it go through all its subscriptions,
-    /// sorted: quadratic, one event loop busy for seconds (release build: 15,000 subscriptions in 8 s, 20,000 in
-    /// 30 s; this test's debug daemon: 134 s of CPU for the first 10,000).
+    /// What subscriptions on one connection may cost the daemon.
     @Suite struct SubscriptionCost {
         /// A connection holds at most `--max-subscriptions` subscriptions: one more is refused with
         /// `tooManySubscriptions` and the connection goes on; an unsubscribe makes room; the limit is per
@@ -301,56 +266,47 @@ extension Integration {
             try await Daemon.with(arguments: ["--engine", "memory", "--max-subscriptions", "3"]) { daemon in
                 let client = try RawClient(socketPath: daemon.socketPath)
                 try client.handshake()
-                /// The answer to request `id` (pushes skipped).
-                func answer(_ id: UInt32) throws -> ServerMessage {
-                    while let (answerID, message) = try client.nextMessage() {
-                        if answerID == id, !message.type.isPush { return message }
-                    }
-                    throw DaemonFailure("closed")
-                }
+                var id: UInt32 = 0
+                func answer(_ request: ClientMessage) throws -> ServerMessage { try client.exchange([request], id: &id)[0] }
                 var subscriptions: [UInt32] = []
                 for index in 0..<3 {
-                    try client.request(.subscribe(.init(name: "s\(index)")), id: UInt32(index + 1))
-                    guard case .subscribed(let subscribed) = try answer(UInt32(index + 1)) else {
+                    guard case .subscribed(let subscribed) = try answer(.subscribe(.init(name: "s\(index)"))) else {
                         Issue.record("subscription \(index) refused")
                         return
                     }
                     subscriptions.append(subscribed.subscriptionID)
                 }
-                try client.request(.subscribe(.init(name: "s3")), id: 10)
-                guard case .error(let refused) = try answer(10) else {
+                guard case .error(let refused) = try answer(.subscribe(.init(name: "s3"))) else {
                     Issue.record("a fourth subscription was accepted")
                     return
                 }
                 #expect(refused.code == .tooManySubscriptions)
                 #expect(refused.message.contains("--max-subscriptions"), "\(refused.message)")
-                try client.request(.ping(.init()), id: 11)
-                guard case .pong = try answer(11) else { throw DaemonFailure("the connection did not go on") }
-                try client.request(.unsubscribe(.init(subscriptionID: subscriptions[0])), id: 12)
-                guard case .unsubscribed = try answer(12) else { throw DaemonFailure("not unsubscribed") }
-                try client.request(.subscribe(.init(name: "s3")), id: 13)
-                guard case .subscribed = try answer(13) else {
+                guard case .pong = try answer(.ping(.init())) else { throw DaemonFailure("the connection did not go on") }
+                guard case .unsubscribed = try answer(.unsubscribe(.init(subscriptionID: subscriptions[0]))) else {
+                    throw DaemonFailure("not unsubscribed")
+                }
+                guard case .subscribed = try answer(.subscribe(.init(name: "s3"))) else {
                     Issue.record("no room after an unsubscribe")
                     return
                 }
                 // Per connection: another one has room of its own.
                 let other = try RawClient(socketPath: daemon.socketPath)
                 try other.handshake()
-                try other.request(.subscribe(.init(name: "s0")), id: 1)
-                var otherAnswer: ServerMessage?
-                while let (answerID, message) = try other.nextMessage() {
-                    if answerID == 1, !message.type.isPush {
-                        otherAnswer = message
-                        break
-                    }
-                }
-                guard case .subscribed? = otherAnswer else {
-                    Issue.record("another connection was refused: \(String(describing: otherAnswer))")
+                var otherID: UInt32 = 0
+                let otherAnswer = try other.exchange([.subscribe(.init(name: "s0"))], id: &otherID)[0]
+                guard case .subscribed = otherAnswer else {
+                    Issue.record("another connection was refused: \(otherAnswer)")
                     return
                 }
             }
         }
 
+        /// Many subscriptions on one connection cost each push what one costs: 10,000 subscriptions to one store,
+        /// opened 100 at a time, and the last 2,500 take the daemon about the CPU the first 2,500 took. Before: every
+        /// push waiting on the connection (each new subscription's snapshot) made it go through all its
+        /// subscriptions, sorted: quadratic, one event loop busy for seconds (release build: 15,000 subscriptions in
+        /// 8 s, 20,000 in 30 s; this test's debug daemon: 134 s of CPU for the first 10,000).
         @Test func manySubscriptionsOnOneConnectionCostEachPushWhatOneCosts() async throws {
             try await Daemon.with(arguments: ["--engine", "memory", "--max-subscriptions", "20000"]) { daemon in
                 _ = try await daemon.storectl(["insert", "watched", #"{"id":"a"}"#])
@@ -359,18 +315,9 @@ extension Integration {
                 var id: UInt32 = 0
                 func subscribe(_ count: Int) throws {
                     for _ in stride(from: 0, to: count, by: 100) {
-                        for _ in 0..<100 {
-                            id += 1
-                            try client.request(.subscribe(.init(name: "watched")), id: id)
-                        }
-                        var answered = 0
-                        while answered < 100 {
-                            guard let (_, message) = try client.nextMessage() else { throw DaemonFailure("closed") }
-                            switch message {
-                            case .subscribed: answered += 1
-                            case .error(let error): throw DaemonFailure("refused: \(error.message)")
-                            default: continue  // a snapshot push
-                            }
+                        let answers = try client.exchange(Array(repeating: .subscribe(.init(name: "watched")), count: 100), id: &id)
+                        guard answers.allSatisfy({ if case .subscribed = $0 { true } else { false } }) else {
+                            throw DaemonFailure("refused: \(answers.first { if case .subscribed = $0 { false } else { true } }!)")
                         }
                     }
                 }

@@ -40,6 +40,24 @@ final class RawClient {
         send(out)
     }
 
+    /// Sends `requests` in one write, with the ids after `id` (left at the last one), and returns their answers in
+    /// request order; pushes that arrive meanwhile (their id is a subscription's) are skipped.
+    func exchange(_ requests: [ClientMessage], id: inout UInt32) throws -> [ServerMessage] {
+        let first = id + 1
+        var out = ByteBuffer()
+        for request in requests {
+            id += 1
+            try session.encode(request, id: id, into: &out)
+        }
+        send(out)
+        var answers: [UInt32: ServerMessage] = [:]
+        while answers.count < requests.count {
+            guard let (answerID, message) = try nextMessage() else { throw DaemonFailure("closed") }
+            if !message.type.isPush, (first...id).contains(answerID) { answers[answerID] = message }
+        }
+        return (first..<first + UInt32(requests.count)).map { answers[$0]! }
+    }
+
     /// The next whole message (answers and pushes joined across frames), or `nil` at end of stream.
     func nextMessage() throws -> (id: UInt32, message: ServerMessage)? {
         switch try nextEvent() {
