@@ -330,7 +330,8 @@ public final class BrokerDaemon: Sendable {
     ) -> ServerBootstrap {
         let limits = configuration.limits
         let subscriberBuffer = configuration.broker.subscriberBuffer
-        let maxSubscriptions = configuration.maxSubscriptions
+        let subscriptions = SubscriptionQuota(
+            perConnection: configuration.maxSubscriptions, total: configuration.maxTotalSubscriptions)
         let budget = ByteBudget(perConnection: configuration.maxConnectionBytes, total: configuration.maxTotalBytes)
         let timeouts = Timeouts(handshake: configuration.handshakeTimeout, frame: configuration.frameTimeout)
         let acceptTrouble = AcceptTroubleLog(logger: logger)
@@ -398,7 +399,7 @@ public final class BrokerDaemon: Sendable {
                         try channel.pipeline.syncOperations.addHandler(
                             ConnectionHandler(
                                 broker: broker, limits: limits, subscriberBuffer: subscriberBuffer,
-                                maxSubscriptions: maxSubscriptions, registry: registry, budget: budget, timeouts: timeouts, context: context,
+                                subscriptions: subscriptions, registry: registry, budget: budget, timeouts: timeouts, context: context,
                                 logger: connectionLogger))
                     }
                 }

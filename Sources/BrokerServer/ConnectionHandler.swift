@@ -30,7 +30,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private let broker: Broker
     private let limits: ServerSession.Limits
     private let subscriberBuffer: Int
-    private let maxSubscriptions: Int
+    private let subscriptions: SubscriptionQuota
     private let registry: ConnectionRegistry
     private let budget: ByteBudget
     private let timeouts: Timeouts
@@ -86,7 +86,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     static let writeBufferWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 64 * 1024, high: 256 * 1024)
 
     init(
-        broker: Broker, limits: ServerSession.Limits, subscriberBuffer: Int, maxSubscriptions: Int = 1024,
+        broker: Broker, limits: ServerSession.Limits, subscriberBuffer: Int, subscriptions: SubscriptionQuota,
         registry: ConnectionRegistry,
         budget: ByteBudget, timeouts: Timeouts, context: RequestContext, logger: Logger
     ) {
@@ -96,7 +96,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         self.requestContext = context
         self.limits = limits
         self.subscriberBuffer = subscriberBuffer
-        self.maxSubscriptions = maxSubscriptions
+        self.subscriptions = subscriptions
         self.registry = registry
         self.logger = logger
     }
@@ -111,9 +111,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         replies = ConnectionReplies(loop: loop, inbox: inbox, mailbox: mailbox)
         machine = ConnectionStateMachine(
             configuration: .init(
-                limits: limits, timeouts: timeouts, highWatermark: Self.writeBufferWaterMark.high,
-                maxSubscriptions: maxSubscriptions),
-            budget: budget, logger: logger,
+                limits: limits, timeouts: timeouts, highWatermark: Self.writeBufferWaterMark.high),
+            budget: budget, subscriptions: subscriptions, logger: logger,
             makeSubscription: { id, namespace, name in
                 Subscription(
                     id: id, namespace: namespace, name: name, capacity: subscriberBuffer,
@@ -566,6 +565,35 @@ final class ByteBudget: Sendable {
     func allows(_ bytes: Int) -> Bool {
         guard held.load(ordering: .relaxed) > total else { return true }
         return bytes <= total / max(1, connections.load(ordering: .relaxed))
+    }
+}
+
+/// The subscriptions every connection together holds, against a cap per connection (each connection counts its
+/// own) and a total (`--max-total-subscriptions`): a subscription costs the daemon about 1.25 KB before any push,
+/// so without a total, `--max-connections` × `--max-subscriptions` of them could take gigabytes.
+final class SubscriptionQuota: Sendable {
+    let perConnection: Int
+    let total: Int
+    private let held = Atomic<Int>(0)
+
+    init(perConnection: Int, total: Int) {
+        self.perConnection = perConnection
+        self.total = total
+    }
+
+    /// Subscriptions held now, all connections together.
+    var heldCount: Int { held.load(ordering: .relaxed) }
+
+    /// Counts one more subscription, unless all connections together hold `total` already.
+    func take() -> Bool {
+        guard held.add(1, ordering: .relaxed).newValue > total else { return true }
+        held.subtract(1, ordering: .relaxed)
+        return false
+    }
+
+    /// Gives back `count` subscriptions that have ended.
+    func give(_ count: Int = 1) {
+        held.subtract(count, ordering: .relaxed)
     }
 }
 

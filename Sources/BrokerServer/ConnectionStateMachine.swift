@@ -18,8 +18,6 @@ struct ConnectionStateMachine {
         var timeouts: Timeouts
         /// The channel's high write watermark: past it the socket counts as full until it drains.
         var highWatermark: Int
-        /// Subscriptions the connection may hold at once; a `subscribe` past them is refused.
-        var maxSubscriptions = 1024
     }
 
     /// What the socket looks like when an event arrives.
@@ -84,6 +82,8 @@ struct ConnectionStateMachine {
 
     private let configuration: Configuration
     private let budget: ByteBudget
+    /// The subscriptions this connection and all together may hold; `subscriptions` counts in it.
+    private let quota: SubscriptionQuota
     private let makeSubscription: (UInt32, Namespace, String) -> Subscription
     private var logger: Logger
     private var session: ServerSession
@@ -143,11 +143,12 @@ struct ConnectionStateMachine {
 
     /// `makeSubscription` builds the queue a `subscribe`'s pushes go to (its wake-up is the handler's business).
     init(
-        configuration: Configuration, budget: ByteBudget, logger: Logger,
+        configuration: Configuration, budget: ByteBudget, subscriptions quota: SubscriptionQuota, logger: Logger,
         makeSubscription: @escaping (UInt32, Namespace, String) -> Subscription
     ) {
         self.configuration = configuration
         self.budget = budget
+        self.quota = quota
         self.logger = logger
         self.makeSubscription = makeSubscription
         self.session = ServerSession(limits: configuration.limits)
@@ -336,6 +337,7 @@ struct ConnectionStateMachine {
         slots = []
         openWrites = []
         for subscription in subscriptions.values { emit(.unsubscribe(subscription)) }
+        quota.give(subscriptions.count)
         subscriptions = [:]
         flowing = []
         ready = []
@@ -567,12 +569,21 @@ struct ConnectionStateMachine {
             record(slot: slot, .success(.pong(.init())))
         case .command(let command):
             var subscription: Subscription?
-            if case .subscribe = command, subscriptions.count >= configuration.maxSubscriptions {
-                let error = WireError(
-                    .tooManySubscriptions,
-                    "this connection holds \(subscriptions.count) subscriptions, the most it may "
-                        + "(--max-subscriptions); unsubscribe first, or open another connection")
-                return record(slot: slot, .failure(error))
+            if case .subscribe = command {
+                if subscriptions.count >= quota.perConnection {
+                    let error = WireError(
+                        .tooManySubscriptions,
+                        "this connection holds \(subscriptions.count) subscriptions, the most it may "
+                            + "(--max-subscriptions); unsubscribe first, or open another connection")
+                    return record(slot: slot, .failure(error))
+                }
+                guard quota.take() else {
+                    let error = WireError(
+                        .tooManySubscriptions,
+                        "the daemon holds \(quota.total) subscriptions for all its connections, the most it may "
+                            + "(--max-total-subscriptions); unsubscribe first, or try again later")
+                    return record(slot: slot, .failure(error))
+                }
             }
             if case .subscribe(let namespace, let name, _) = command {
                 let subscriptionID = nextSubscriptionID
@@ -587,6 +598,7 @@ struct ConnectionStateMachine {
             emit(.start(slot: slot, command: command, subscription: subscription))
         case .unsubscribe(let subscriptionID):
             if let subscription = subscriptions.removeValue(forKey: subscriptionID) {
+                quota.give()
                 flowing.remove(subscriptionID)
                 emit(.unsubscribe(subscription))
                 record(slot: slot, .success(.unsubscribed(.init(subscriptionID: subscription.id))))
@@ -628,7 +640,7 @@ struct ConnectionStateMachine {
         case .failure(let error):
             out = ServerSession.errorFrame(error, id: id)
             if let subscriptionID = slots[index].opensSubscription {
-                subscriptions.removeValue(forKey: subscriptionID)
+                if subscriptions.removeValue(forKey: subscriptionID) != nil { quota.give() }
                 slots[index].opensSubscription = nil
             }
         }
@@ -738,7 +750,7 @@ struct ConnectionStateMachine {
             }
             if subscription.isEnded, !subscription.hasPending {
                 // It lagged: the notice is out; the subscription is over.
-                subscriptions.removeValue(forKey: subscriptionID)
+                if subscriptions.removeValue(forKey: subscriptionID) != nil { quota.give() }
                 flowing.remove(subscriptionID)
                 drained = true
             }

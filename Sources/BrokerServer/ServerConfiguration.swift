@@ -34,6 +34,9 @@ public struct ServerConfiguration: Sendable {
     /// Subscriptions one connection may hold at once (`--max-subscriptions`); one more is refused with
     /// `tooManySubscriptions`.
     public var maxSubscriptions: Int = 1024
+    /// Subscriptions all connections together may hold at once (`--max-total-subscriptions`); one more is
+    /// refused with `tooManySubscriptions`.
+    public var maxTotalSubscriptions: Int = 65536
     /// A connection must complete its `hello` within this (`--handshake-timeout`).
     public var handshakeTimeout: Duration = .seconds(10)
     /// A frame begun must be complete within this (`--frame-timeout`); idle connections are never closed.

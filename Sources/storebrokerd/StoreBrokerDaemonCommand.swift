@@ -118,6 +118,13 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
     var maxSubscriptions: Int = 1024
 
     @Option(
+        name: .customLong("max-total-subscriptions"),
+        help: ArgumentHelp(
+            "Subscriptions all connections together may hold at once (each costs about 1.25 KB); one more is refused "
+                + "(tooManySubscriptions).", valueName: "n"))
+    var maxTotalSubscriptions: Int = 65536
+
+    @Option(
         name: .customLong("max-connections"),
         help: ArgumentHelp("Connections served at once; one more is refused (tooManyConnections).", valueName: "n"))
     var maxConnections: Int = 4096
@@ -186,6 +193,7 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         guard maxBatch >= 1 else { throw ValidationError("--max-batch must be at least 1") }
         guard maxInFlight >= 1 else { throw ValidationError("--max-in-flight must be at least 1") }
         guard maxSubscriptions >= 1 else { throw ValidationError("--max-subscriptions must be at least 1") }
+        guard maxTotalSubscriptions >= 1 else { throw ValidationError("--max-total-subscriptions must be at least 1") }
         guard historyBytes >= 0 else { throw ValidationError("--history-bytes cannot be negative") }
         guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
         guard maxConnectionBytes >= maxFrame + 65536 else {
@@ -245,6 +253,7 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
             inheritedSocket: Self.socketFromSystemd(environment))
         configuration.maxConnections = maxConnections
         configuration.maxSubscriptions = maxSubscriptions
+        configuration.maxTotalSubscriptions = maxTotalSubscriptions
         configuration.maxConnectionBytes = maxConnectionBytes
         configuration.maxTotalBytes = maxTotalBytes
         configuration.handshakeTimeout = .milliseconds(Int64(handshakeTimeout * 1000))

@@ -63,7 +63,8 @@ final class Outbound {
             let broker = try Broker(
                 configuration: BrokerConfiguration(dataDirectory: directory), engines: NoEngines(), logger: logger)
             let handler = ConnectionHandler(
-                broker: broker, limits: ServerSession.Limits(), subscriberBuffer: 16, registry: ConnectionRegistry(),
+                broker: broker, limits: ServerSession.Limits(), subscriberBuffer: 16,
+                subscriptions: SubscriptionQuota(perConnection: 1024, total: 65536), registry: ConnectionRegistry(),
                 budget: ByteBudget(perConnection: 1 << 20, total: 1 << 24),
                 timeouts: Timeouts(handshake: handshake, frame: frame),
                 context: .owner, logger: logger)

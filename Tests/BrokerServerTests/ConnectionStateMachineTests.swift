@@ -15,13 +15,13 @@ import Wire
         private let outbound = Outbound()
         var now = NIODeadline.uptimeNanoseconds(1_000_000_000)
 
-        init(maxInFlight: Int = 128) {
+        init(maxInFlight: Int = 128, subscriptions: SubscriptionQuota = SubscriptionQuota(perConnection: 1024, total: 65536)) {
             let made = Box()
             machine = Machine(
                 configuration: .init(
                     limits: ServerSession.Limits(maxInFlight: maxInFlight),
                     timeouts: Timeouts(handshake: .seconds(10), frame: .seconds(30)), highWatermark: 256 * 1024),
-                budget: ByteBudget(perConnection: 1 << 20, total: 1 << 24),
+                budget: ByteBudget(perConnection: 1 << 20, total: 1 << 24), subscriptions: subscriptions,
                 logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }),
                 makeSubscription: { id, namespace, name in
                     let subscription = Subscription(id: id, namespace: namespace, name: name, capacity: 16, wake: {})
@@ -142,6 +142,45 @@ import Wire
             Issue.record("wrong order: \(step.messages)")
             return
         }
+    }
+
+    /// The daemon-wide count of subscriptions: each one taken counts, and every way one ends gives it back (a
+    /// refused `subscribe`, a `subscribe` the broker fails, `unsubscribe`, the connection closing).
+    @Test func everyEndedSubscriptionIsGivenBackToTheDaemonWideCount() throws {
+        let quota = SubscriptionQuota(perConnection: 4, total: 4)
+        let h = Harness(subscriptions: quota)
+        let other = Harness(subscriptions: quota)
+        _ = other.take(other.machine.received(try Self.frames([(.subscribe(.init(name: "o")), 1)]), io: other.io()))
+        _ = other.take(other.machine.answered(slot: 0, .success(.subscribed(subscriptionID: other.made[0].id)), io: other.io()))
+        #expect(quota.heldCount == 1)
+        let requests = try Self.frames((0..<4).map { (.subscribe(.init(name: "s\($0)")), UInt32($0 + 1)) })
+        var step = h.take(h.machine.received(requests, io: h.io()))
+        // Subscriptions are answered in order; each starts once the one before is answered.
+        for slot in 0..<3 {
+            #expect(step.starts.count == 1, "slot \(slot): \(step.starts.count) started")
+            let id = h.made[slot].id
+            let answer: Result<BrokerAnswer, BrokerError> =
+                slot == 2 ? .failure(BrokerError(.engineUnavailable, "no")) : .success(.subscribed(subscriptionID: id))
+            step = h.take(h.machine.answered(slot: UInt64(slot), answer, io: h.io()))
+        }
+        // Two held here, one on the other connection; the failed one was given back, so the fourth is taken.
+        #expect(quota.heldCount == 4)
+        #expect(step.starts.count == 1)
+        step = h.take(h.machine.answered(slot: 3, .success(.subscribed(subscriptionID: h.made[3].id)), io: h.io()))
+        // The total is reached: a fifth is refused, on either connection, and counts nothing.
+        step = h.take(h.machine.received(try Self.frames([(.subscribe(.init(name: "s4")), 5)], hello: false), io: h.io()))
+        guard case .error(let refused)? = step.messages.last?.1 else {
+            Issue.record("a subscription past the total was not refused: \(step.messages)")
+            return
+        }
+        #expect(refused.code == .tooManySubscriptions && refused.message.contains("--max-total-subscriptions"))
+        #expect(quota.heldCount == 4)
+        step = h.take(h.machine.received(try Self.frames([(.unsubscribe(.init(subscriptionID: h.made[0].id)), 6)], hello: false), io: h.io()))
+        #expect(quota.heldCount == 3)
+        _ = h.machine.closed()
+        #expect(quota.heldCount == 1)
+        _ = other.machine.closed()
+        #expect(quota.heldCount == 0)
     }
 
     /// An answer given at once that fills the socket holds the next request and reading until it drains.

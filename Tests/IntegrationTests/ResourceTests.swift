@@ -302,6 +302,80 @@ extension Integration {
             }
         }
 
+        /// All connections together hold at most `--max-total-subscriptions`: past it a `subscribe` is refused
+        /// with `tooManySubscriptions` naming that flag, whichever connection asks; an unsubscribe or a closed
+        /// connection makes room for any other. A limit below 1 stops start-up. Before: only the per-connection
+        /// cap, so many connections added up (64 connections × 1,024 subscriptions took a release daemon from 28
+        /// to 110 MiB; the default 4,096 connections could hold ~5 GB of subscriptions).
+        @Test func subscriptionsOfAllConnectionsAreCapped() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = try ChildProcess(
+                    [binDirectory + "/storebrokerd", "--socket", directory + "/s.sock", "--data-dir", directory + "/data",
+                     "--no-dbus", "--max-total-subscriptions", "0"],
+                    stdoutPath: directory + "/log", stderrPath: directory + "/log", in: directory)
+                #expect(await daemon.wait(atMost: 30) != 0)
+                #expect(daemon.stderr.contains("--max-total-subscriptions must be at least 1"), "\(daemon.stderr)")
+            }
+            try await Daemon.with(arguments: ["--engine", "memory", "--max-subscriptions", "4", "--max-total-subscriptions", "6"]) {
+                daemon in
+                func connect() throws -> (RawClient, (ClientMessage) throws -> ServerMessage) {
+                    let client = try RawClient(socketPath: daemon.socketPath)
+                    try client.handshake()
+                    var id: UInt32 = 0
+                    return (client, { request in try client.exchange([request], id: &id)[0] })
+                }
+                func subscribe(_ ask: (ClientMessage) throws -> ServerMessage, _ name: String) throws -> UInt32? {
+                    switch try ask(.subscribe(.init(name: name))) {
+                    case .subscribed(let subscribed): return subscribed.subscriptionID
+                    case .error(let error):
+                        #expect(error.code == .tooManySubscriptions, "\(error.code): \(error.message)")
+                        #expect(error.message.contains("--max-total-subscriptions"), "\(error.message)")
+                        return nil
+                    case let other: throw DaemonFailure("unexpected answer \(other)")
+                    }
+                }
+                let (first, askFirst) = try connect()
+                let (_, askSecond) = try connect()
+                var held: [UInt32] = []
+                for index in 0..<4 { held.append(try #require(try subscribe(askFirst, "a\(index)"))) }
+                for index in 0..<2 { _ = try #require(try subscribe(askSecond, "b\(index)")) }
+                // Six in all: the second connection, under its own cap of four, is refused, and goes on.
+                #expect(try subscribe(askSecond, "b2") == nil)
+                guard case .pong = try askSecond(.ping(.init())) else { throw DaemonFailure("the connection did not go on") }
+                // A third connection is refused too.
+                let (_, askThird) = try connect()
+                #expect(try subscribe(askThird, "c0") == nil)
+                // An unsubscribe on the first makes room on the second.
+                guard case .unsubscribed = try askFirst(.unsubscribe(.init(subscriptionID: held[0]))) else {
+                    throw DaemonFailure("not unsubscribed")
+                }
+                _ = try #require(try subscribe(askSecond, "b2"))
+                #expect(try subscribe(askThird, "c0") == nil)
+                // Closing the first (three subscriptions) gives all three back.
+                first.disconnect()
+                var room = false
+                for _ in 0..<100 where !room {
+                    let (probe, askProbe) = try connect()
+                    if let id = try subscribe(askProbe, "probe") {
+                        room = true
+                        _ = try askProbe(.unsubscribe(.init(subscriptionID: id)))
+                    }
+                    probe.disconnect()
+                    if !room { try await Task.sleep(for: .milliseconds(50)) }
+                }
+                #expect(room, "a closed connection's subscriptions were not given back")
+                // Once every probe has gone, the third connection reaches its own cap: 3 (second) + 3 (third) = 6.
+                var third: [UInt32] = []
+                for attempt in 0..<100 where third.count < 3 {
+                    if let id = try subscribe(askThird, "c\(third.count)") { third.append(id) } else if attempt < 99 {
+                        try await Task.sleep(for: .milliseconds(50))
+                    }
+                }
+                #expect(third.count == 3)
+                #expect(try subscribe(askThird, "c3") == nil)
+            }
+        }
+
         /// Many subscriptions on one connection cost each push what one costs: 10,000 subscriptions to one store,
         /// opened 100 at a time, and the last 2,500 take the daemon about the CPU the first 2,500 took. Before: every
         /// push waiting on the connection (each new subscription's snapshot) made it go through all its
