@@ -160,6 +160,8 @@ extension Integration {
                     (["--log-level", "loud"], "--log-level"),
                     (["--allow-uid", "1000:notes:rw"], "--allow-uid takes UID[:GLOB[:ro]]"),
                     (["--allow-uid", "no-such-user-here"], "--allow-uid takes UID[:GLOB[:ro]]"),
+                    (["--max-subscriptions", "0"], "--max-subscriptions must be at least 1"),
+                    (["--max-total-subscriptions", "0"], "--max-total-subscriptions must be at least 1"),
                 ]
                 for (extra, message) in cases {
                     let daemon = try ChildProcess(
