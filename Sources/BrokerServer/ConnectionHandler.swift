@@ -569,7 +569,7 @@ final class ByteBudget: Sendable {
 }
 
 /// The subscriptions every connection together holds, against a cap per connection (each connection counts its
-/// own) and a total (`--max-total-subscriptions`): a subscription costs the daemon about 1.25 KB before any push,
+/// own) and a total (`--max-total-subscriptions`): a subscription costs the daemon about 1.3 KB before any push,
 /// so without a total, `--max-connections` × `--max-subscriptions` of them could take gigabytes.
 final class SubscriptionQuota: Sendable {
     let perConnection: Int
