@@ -120,7 +120,7 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
     @Option(
         name: .customLong("max-total-subscriptions"),
         help: ArgumentHelp(
-            "Subscriptions all connections together may hold at once (each costs about 1.25 KB); one more is refused "
+            "Subscriptions all connections together may hold at once (each costs about 1.3 KB); one more is refused "
                 + "(tooManySubscriptions).", valueName: "n"))
     var maxTotalSubscriptions: Int = 65536
 

@@ -184,6 +184,21 @@ extension Integration {
             }
         }
 
+        /// Runs `warmUp`, takes the daemon's resident memory, runs `round`, and expects resident memory back within
+        /// `slack` of it (waiting up to 10 s for the daemon to let go); prints both figures under `label`.
+        func expectResidentMemoryComesBack(
+            _ daemon: Daemon, within slack: Int, _ label: String, _ what: String,
+            warmUp: () throws -> Void, round: () throws -> Void
+        ) async throws {
+            try warmUp()
+            let baseline = residentBytes(of: daemon)
+            try round()
+            _ = await eventually(within: 10) { residentBytes(of: daemon) <= baseline + slack }
+            let after = residentBytes(of: daemon)
+            print("\(label): \(baseline >> 10) KiB -> \(after >> 10) KiB after \(what)")
+            #expect(after <= baseline + slack, "resident memory grew from \(baseline >> 20) to \(after >> 20) MiB")
+        }
+
         @Test(.enabled(if: residentMemoryIsMeaningful, "resident memory is meaningless under a sanitizer"))
         func requestsOnStoresThatDoNotExistLeaveNothingBehind() async throws {
             try await Daemon.with(arguments: ["--engine", "memory"]) { daemon in
@@ -207,13 +222,9 @@ extension Integration {
                         try askThenUnsubscribe(client, requests, id: &id)
                     }
                 }
-                try ask(from: 0, count: 2_000)
-                let baseline = residentBytes(of: daemon)
-                try ask(from: 2_000, count: 25_000)
-                _ = await eventually(within: 10) { residentBytes(of: daemon) <= baseline + 2 << 20 }
-                let after = residentBytes(of: daemon)
-                print("StoreNameCost: \(baseline >> 10) KiB -> \(after >> 10) KiB after 25,000 store names")
-                #expect(after <= baseline + 2 << 20, "resident memory grew from \(baseline >> 20) to \(after >> 20) MiB")
+                try await expectResidentMemoryComesBack(
+                    daemon, within: 2 << 20, "StoreNameCost", "25,000 store names",
+                    warmUp: { try ask(from: 0, count: 2_000) }, round: { try ask(from: 2_000, count: 25_000) })
                 #expect(try await daemon.storectl(["stores"]).stdout == "")
                 // A store named meanwhile still works, and so does one of the names asked about.
                 _ = try await daemon.storectl(["insert", name(7), #"{"id":"x"}"#])
@@ -237,13 +248,10 @@ extension Integration {
                         try askThenUnsubscribe(client, requests, id: &id)
                     }
                 }
-                try subscribeAndLeave(from: 0, count: 2_000)
-                let baseline = residentBytes(of: daemon)
-                try subscribeAndLeave(from: 2_000, count: 40_000)
-                _ = await eventually(within: 10) { residentBytes(of: daemon) <= baseline + 4 << 20 }
-                let after = residentBytes(of: daemon)
-                print("StoreNameCost values: \(baseline >> 10) KiB -> \(after >> 10) KiB after 40,000 value names")
-                #expect(after <= baseline + 4 << 20, "resident memory grew from \(baseline >> 20) to \(after >> 20) MiB")
+                try await expectResidentMemoryComesBack(
+                    daemon, within: 4 << 20, "StoreNameCost values", "40,000 value names",
+                    warmUp: { try subscribeAndLeave(from: 0, count: 2_000) },
+                    round: { try subscribeAndLeave(from: 2_000, count: 40_000) })
             }
         }
     }
