@@ -14,7 +14,7 @@ import StoreModel
 public struct StoreContents: Sendable {
     /// An item, the table's key: hashed and compared by the id's bytes, exactly as `ItemID` is, so an `ItemID`
     /// finds it.
-    private struct StoredItem: TableKey, Sendable {
+    fileprivate struct StoredItem: TableKey, Sendable {
         let item: KeptItem
 
         var tableHash: Int { item.idHash }
@@ -57,7 +57,7 @@ public struct StoreContents: Sendable {
         }
     }
 
-    private struct Stamps: Sendable {
+    fileprivate struct Stamps: Sendable {
         var createdAt: UInt64
         var updatedAt: UInt64
     }
@@ -144,22 +144,46 @@ public struct StoreContents: Sendable {
         var absent: Bool
     }
 
+    /// What applying commits let go of: the items inserts replaced and removes took out, the table a `removeAll`
+    /// emptied. Held by the caller and released where it chooses (the broker's writer, after its turn: the
+    /// frees are then off the serial commit).
+    struct Released: Sendable {
+        fileprivate var items: [StoredItem] = []
+        fileprivate var tables: [OrderedTable<StoredItem, Stamps>] = []
+
+        var isEmpty: Bool { items.isEmpty && tables.isEmpty }
+    }
+
     /// `apply(_:)` with the planner's hints for the inserted records, in order from `next` (which moves past
-    /// them): an id is neither hashed nor, when absent, looked up a second time.
-    mutating func apply(_ steps: [EventStep], hints: [InsertHint], from next: inout Int) {
+    /// them): an id is neither hashed nor, when absent, looked up a second time. What the steps replace or remove
+    /// goes to `released` instead of being released here.
+    mutating func apply(_ steps: [EventStep], hints: [InsertHint], from next: inout Int, released: inout Released) {
         for step in steps {
             switch step {
             case .insert(let records):
                 for index in records.indices {
                     let hint = hints[next]
                     next += 1
-                    table.put(
+                    if let old = table.put(
                         StoredItem(id: records[index].id, payload: records[index].payload),
                         Stamps(createdAt: records[index].createdAt, updatedAt: records[index].updatedAt),
                         hash: hint.hash, absent: hint.absent)
+                    {
+                        released.items.append(old.key)
+                    }
                 }
-            case .remove:
-                apply([step])
+            case .remove(let ids):
+                if ids.count == table.count, ids.count > 64 {
+                    // A removeAll: the whole table goes, a new one starts.
+                    released.tables.append(table)
+                    table = OrderedTable()
+                } else {
+                    for id in ids {
+                        if let old = table.remove(hash: id.tableHash, matching: { $0.hasID(id) }) {
+                            released.items.append(old.key)
+                        }
+                    }
+                }
             }
         }
     }

@@ -79,7 +79,7 @@ public struct OrderedTable<Key: TableKey, Value> {
 
     /// Old buckets moved per change while the index grows: at least 3 (the index doubles when half full, so
     /// the move ends before the next doubling whatever the mix of changes).
-    @usableFromInline static var bucketsPerChange: Int { 8 }
+    @inlinable static var bucketsPerChange: Int { 8 }
 
     @inlinable
     public init() {}
@@ -190,15 +190,18 @@ public struct OrderedTable<Key: TableKey, Value> {
     @inlinable
     public mutating func put(_ key: consuming Key, _ value: consuming Value) -> Value? {
         let hash = key.tableHash
-        return put(key, value, hash: hash, absent: false)
+        return put(key, value, hash: hash, absent: false)?.value
     }
 
     /// `put` of a key whose `tableHash` is `hash`, already computed; `absent` says the caller knows the key is not
     /// in the table (the broker's planner looked it up before the commit), so it is not looked up again: only the
-    /// empty bucket where it goes is found.
+    /// empty bucket where it goes is found. Returns the entry replaced, key and value, so that the caller decides
+    /// where it is released (the broker releases it after its writer's turn).
     @discardableResult
     @inlinable
-    public mutating func put(_ key: consuming Key, _ value: consuming Value, hash: Int, absent: Bool) -> Value? {
+    public mutating func put(
+        _ key: consuming Key, _ value: consuming Value, hash: Int, absent: Bool
+    ) -> (key: Key, value: Value)? {
         // Where a new key goes: the empty bucket its lookup ended on, if it was looked up.
         var empty: Int?
         if !absent {
@@ -209,7 +212,7 @@ public struct OrderedTable<Key: TableKey, Value> {
                 undo?.append(.restore(slot: position, entry: old))
                 slots[position] = (key, value)
                 migrate()
-                return old.value
+                return old
             }
             empty = probe.empty
         }
@@ -513,7 +516,7 @@ extension OrderedTable.Undo: Sendable where Key: Sendable, Value: Sendable {}
 final class BucketStorage {
     /// A bucket of the index being drained that was moved or removed (never a real bucket: that would need
     /// 2^32 - 1 slots).
-    @usableFromInline static var moved: UInt64 { .max }
+    @inlinable static var moved: UInt64 { .max }
 
     @usableFromInline let count: Int
     @usableFromInline let base: UnsafeMutablePointer<UInt64>

@@ -7,9 +7,9 @@
 /// (copy-on-write per segment, not for the whole array). An element costs one more indirection to reach.
 @usableFromInline
 struct SegmentedArray<Element> {
-    @usableFromInline static var shift: Int { 12 }
-    @usableFromInline static var segmentCapacity: Int { 1 << shift }
-    @usableFromInline static var offsetMask: Int { segmentCapacity - 1 }
+    @inlinable static var shift: Int { 12 }
+    @inlinable static var segmentCapacity: Int { 1 << shift }
+    @inlinable static var offsetMask: Int { segmentCapacity - 1 }
 
     /// Every segment but the last holds exactly `segmentCapacity` elements; the last holds at least one.
     @usableFromInline var segments: [[Element]] = []

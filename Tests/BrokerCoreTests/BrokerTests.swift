@@ -4,7 +4,7 @@ import Logging
 import NIOCore
 import Synchronization
 import Testing
-import StoreModel
+@testable import StoreModel
 import TestSupport
 
 /// A broker over `TestEngine` in a temporary data directory.
@@ -294,6 +294,46 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
             #expect(count == 0 && position.sequence == 2)
         }
     }
+
+    /// The items a commit replaces or removes, and the events history lets go of, are released after the writer's
+    /// turn rather than inside the commit (`ManagedStore.Leftovers`): released all the same, soon after the answer.
+    @Test func whatACommitReplacesOrRemovesIsFreedOnceTheWriterIsDone() async throws {
+        try await withBroker(history: 1) { broker, engine in
+            // The storage of the item memory holds for `id`, watched weakly from here on.
+            func watch(_ id: String) async throws -> WeakStorage {
+                let record = try await records(broker, "s").first { $0.id == ItemID(id) }
+                return WeakStorage(try #require(record?.payload.keptItem).storage)
+            }
+            func expectFreed(_ watched: WeakStorage, _ what: Comment) async {
+                engine.state.withLock { $0.applies.removeAll() }  // the test engine's log of steps holds items too
+                for _ in 0..<400 where watched.storage != nil { try? await Task.sleep(for: .milliseconds(5)) }
+                #expect(watched.storage == nil, what)
+            }
+
+            _ = await ask(broker, .write(store: "s", .insert([item("a", "1")])))
+            let replaced = try await watch("a")
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a", "2")])))) == 2)
+            await expectFreed(replaced, "the replaced item")
+
+            let removed = try await watch("a")
+            #expect(sequence(of: await ask(broker, .write(store: "s", .remove(["a"])))) == 3)
+            await expectFreed(removed, "the removed item")
+
+            // A removeAll of more than 64 items hands the whole table over.
+            _ = await ask(broker, .write(store: "s", .insert((0..<100).map { item("n\($0)", "\($0)") })))
+            let emptied = try await watch("n7")
+            #expect(sequence(of: await ask(broker, .write(store: "s", .removeAll))) == 5)
+            await expectFreed(emptied, "an item of the table removeAll emptied")
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("n7", "again")])))) == 6)
+            #expect(try await records(broker, "s").map(\.id) == ["n7"])
+        }
+    }
+}
+
+/// A weak reference to an item's storage, to see when the daemon lets go of it.
+private final class WeakStorage: @unchecked Sendable {
+    weak var storage: KeptItem.Storage?
+    init(_ storage: KeptItem.Storage) { self.storage = storage }
 }
 
 @Suite struct Subscriptions {

@@ -132,8 +132,9 @@ import Testing
             var hinted = contents
             var plain = contents
             var next = 0
+            var released = StoreContents.Released()
             for steps in commits {
-                hinted.apply(steps, hints: planner.insertHints, from: &next)
+                hinted.apply(steps, hints: planner.insertHints, from: &next, released: &released)
                 plain.apply(steps)
             }
             #expect(next == planner.insertHints.count)
