@@ -452,11 +452,12 @@ final class ManagedStore: Sendable {
     /// writer idle, the first group is committed here, on the caller's thread (the connection's event loop),
     /// as Redis does: no hand-off to a writer thread and back. What queues meanwhile goes to the writer pool.
     ///
-    /// Each write is moved into the queue, `nil` left in its place (`append(contentsOf:)` would copy each).
+    /// Each write is moved into the queue and `writes` emptied, its capacity kept for the caller's next batch
+    /// (`append(contentsOf:)` would copy each).
     ///
-    /// Returns the writes, untouched, when the store is retired: the broker hands them to the store it looks up
-    /// again.
-    func submit(_ writes: consuming [PendingWrite?]) -> [PendingWrite?]? {
+    /// Returns false, the writes untouched, when the store is retired: the broker hands them to the store it looks
+    /// up again.
+    func submit(_ writes: inout [PendingWrite?]) -> Bool {
         enum Next { case retired, refused, queued, commitHere }
         var completesGroup = false
         let hasDrop = writes.withUnsafeBufferPointer { writes in
@@ -490,22 +491,20 @@ final class ManagedStore: Sendable {
         if completesGroup { doorbell.ring() }
         switch next {
         case .retired:
-            return writes
+            return false
         case .refused:
             let error = BrokerError(.shuttingDown, "the broker is shutting down")
-            for case let write? in writes { write.reply(.failure(error)) }
-            return nil
+            for index in writes.indices { writes[index]?.reply(.failure(error)) }
         case .commitHere:
             runWriter(groups: WriterPool.groupsPerTurn, itemBudget: Self.inlineItems)
-            return nil
         case .queued:
-            break
+            whenLoaded { failure in
+                if failure == nil { self.startWriterIfNeeded() }
+                // On failure `load()` has already answered every pending write.
+            }
         }
-        whenLoaded { failure in
-            if failure == nil { self.startWriterIfNeeded() }
-            // On failure `load()` has already answered every pending write.
-        }
-        return nil
+        writes.removeAll(keepingCapacity: true)
+        return true
     }
 
     private func startWriterIfNeeded() {

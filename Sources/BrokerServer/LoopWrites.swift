@@ -19,6 +19,9 @@ final class LoopWrites: Sendable {
 
     private struct Turn {
         var batch = Broker.WriteBatch()
+        /// The batch the turn's first connection's writes are submitted in at once, kept emptied for the next turn
+        /// (its lists keep their capacity: no allocation per turn).
+        var first = Broker.WriteBatch()
         /// The connections whose writes are in `batch`, each once.
         var connections: [ConnectionHandler] = []
         /// The list the last submission emptied, kept for the next turn (no allocation per turn).
@@ -57,7 +60,12 @@ final class LoopWrites: Sendable {
             // its actions are done); the task that ends the turn gathers the writes of the connections after it.
             turn.value.scheduled = true
             eventLoop.execute { self.submit() }
-            return broker.handle(requests, context: context)
+            var first = Broker.WriteBatch()
+            swap(&first, &turn.value.first)
+            broker.handle(requests, context: context, into: &first)
+            broker.submit(&first)
+            swap(&first, &turn.value.first)
+            return
         }
         // Taken out while the broker runs: a refusal answers the connection, which must not find the turn in use.
         var batch = Broker.WriteBatch()

@@ -227,6 +227,13 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         return options
     }
 
+    /// Enlarges glibc's thread cache first (`AllocatorTuning`: the daemon may execute itself once more), then
+    /// parses the flags and runs.
+    static func main() async {
+        AllocatorTuning.reexecuteIfNeeded()
+        await main(nil)
+    }
+
     func run() async throws {
         let level = Logger.Level(rawValue: logLevel) ?? .info
         LoggingSystem.bootstrap { label in
@@ -260,6 +267,7 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
         configuration.frameTimeout = .milliseconds(Int64(frameTimeout * 1000))
         configuration.shutdownTimeout = .milliseconds(Int64(shutdownTimeout * 1000))
         configuration.listenBacklog = listenBacklog
+        logger.debug("allocator", metadata: ["GLIBC_TUNABLES": "\(environment["GLIBC_TUNABLES"] ?? "")"])
         do {
             try await BrokerDaemon.run(configuration: configuration, logger: logger)
         } catch {

@@ -163,8 +163,12 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
             func count(_ store: ManagedStore) async -> Result<BrokerAnswer, BrokerError> {
                 await withCheckedContinuation { c in store.count(Reply { c.resume(returning: $0) }) }
             }
+            /// The writes given back (untouched), or nil when the store took them (and emptied the list).
             func insert(_ store: ManagedStore, _ reply: Reply) -> [PendingWrite?]? {
-                store.submit([PendingWrite(kind: .write(.insert([item("a")])), condition: .unconditional, submitter: 1, reply: reply)])
+                var writes: [PendingWrite?] = [
+                    PendingWrite(kind: .write(.insert([item("a")])), condition: .unconditional, submitter: 1, reply: reply)
+                ]
+                return store.submit(&writes) ? nil : writes
             }
 
             let empty = ManagedStore(name: "empty", environment: environment)

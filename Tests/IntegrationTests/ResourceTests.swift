@@ -530,3 +530,29 @@ extension Integration {
         }
     }
 }
+
+extension Integration {
+    /// The daemon enlarges glibc's per-thread cache of freed blocks by executing itself once with
+    /// `glibc.malloc.tcache_count=1024` added to `GLIBC_TUNABLES` (DAEMON.md, "Memory allocator"); a
+    /// `GLIBC_TUNABLES` that chooses the cache's size is kept, and other tunables are kept beside the daemon's.
+    @Suite struct AllocatorTuning {
+        @Test(arguments: [
+            (nil, "glibc.malloc.tcache_count=1024"),
+            ("glibc.malloc.arena_max=2", "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=1024"),
+            ("glibc.malloc.tcache_count=7", "glibc.malloc.tcache_count=7"),
+        ] as [(String?, String)])
+        func theDaemonRunsWithTheTunedCacheUnlessTheEnvironmentChoosesIt(given: String?, expected: String) async throws {
+            try await withTemporaryDirectory { directory in
+                let launcher = ["/usr/bin/env", "-u", "GLIBC_TUNABLES"] + (given.map { ["GLIBC_TUNABLES=" + $0] } ?? [])
+                // What the daemon runs with, as it logs it (`/proc/PID/environ` will not do: glibc cuts the
+                // variable's original bytes at each value's end when it reads the tunables).
+                let daemon = Daemon(in: directory, arguments: ["--log-level", "debug"], launcher: launcher)
+                try await daemon.start()
+                #expect(daemon.log.contains("GLIBC_TUNABLES=\(expected) "), "\(daemon.log)")
+                let inserted = try await daemon.storectl(["insert", "s", #"{"id":"a"}"#])
+                #expect(inserted.status == 0, "\(inserted.stderr)")
+                #expect(await daemon.stop() == 0)
+            }
+        }
+    }
+}
