@@ -194,7 +194,7 @@ struct WritePlanner {
     /// It takes the array and the index, not the item: reading `items[index]` copies the item, and a copy alive
     /// across the allocation (an opaque call) is retained and released around it; each read here ends before it.
     ///
-    /// An item the daemon made kept where it read the request (`[Item].keep()`) is taken as it is.
+    /// An item the daemon decoded kept where it read the request (`Item(wire:)`, on the loop) is taken as it is.
     @inline(__always)
     private static func kept(_ items: [Item], _ index: Int) -> KeptItem {
         if let item = items[index].keptItem { return item }

@@ -23,26 +23,12 @@ enum ConnectionRequest: Sendable {
         case .getItems(let m): self = .command(.get(store: m.store, ids: m.ids))
         case .queryRange(let m): self = .command(.range(store: m.store, after: m.after, limit: m.limit))
         case .listIDs(let m): self = .command(.ids(store: m.store, after: m.after, limit: m.limit))
-        case .insert(let m):
-            // Copied out of the frame here, on the loop, not by the store's writer.
-            let (store, condition) = (m.store, m.condition)
-            var items = m.items
-            _ = consume m  // `items` the array's only holder: kept in place
-            items.keep()
-            self = .command(.write(store: store, .insert(items), condition: condition))
+        // Inserted items arrive kept (`Item(wire:)` copies each into its own allocation, on the loop): the
+        // store's writer copies nothing.
+        case .insert(let m): self = .command(.write(store: m.store, .insert(m.items), condition: m.condition))
         case .remove(let m): self = .command(.write(store: m.store, .remove(m.ids), condition: m.condition))
         case .removeAll(let m): self = .command(.write(store: m.store, .removeAll, condition: m.condition))
-        case .chain(let m):
-            let (store, condition) = (m.store, m.condition)
-            var steps = m.steps
-            _ = consume m
-            for index in steps.indices {
-                guard case .insert(var items) = steps[index] else { continue }
-                steps[index] = .removeAll  // the step's array let go, so that `keep` changes it in place
-                items.keep()
-                steps[index] = .insert(items: items)
-            }
-            self = .command(.write(store: store, .chain(steps), condition: condition))
+        case .chain(let m): self = .command(.write(store: m.store, .chain(m.steps), condition: m.condition))
         case .drop(let m): self = .command(.drop(store: m.store, condition: m.condition))
         case .getValue(let m): self = .command(.getValue(namespace: m.namespace, name: m.name))
         case .listValues(let m): self = .command(.listValues(namespace: m.namespace))

@@ -68,20 +68,6 @@ extension Item {
     }
 }
 
-extension Array where Element == Item {
-    /// Each item's id and payload copied into a `KeptItem` of its own (its id's hash computed): where the daemon
-    /// reads a request, on the connection's event loop, so that the store's writer, which plans the writes of
-    /// every connection one after the other, neither copies nor hashes them (and the request's frame is let go).
-    public mutating func keep() {
-        for index in indices where self[index].keptItem == nil {
-            let item = self[index].id.withUTF8 { id in
-                self[index].payload.withUnsafeReadableBytes { KeptItem.make(id: id, payload: $0) }
-            }
-            self[index] = Item(kept: item)
-        }
-    }
-}
-
 /// An item as the broker holds it. Times are milliseconds since the Unix epoch, stamped by the daemon.
 public struct ItemRecord: Hashable, Sendable, Codable {
     public var id: ItemID

@@ -50,19 +50,20 @@ public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomS
 
     /// An id over the readable bytes of `bytes` (a view of them: no copy); `nil` if they are not valid UTF-8.
     public init?(utf8 bytes: ByteBuffer) {
-        let valid = bytes.withUnsafeReadableBytes { bytes in
-            // ASCII, the usual case, checked eight bytes at a time; anything else by String's validation.
-            var index = 0
-            while index + 8 <= bytes.count {
-                if bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self) & 0x8080_8080_8080_8080 != 0 { break }
-                index += 8
-            }
-            while index < bytes.count, bytes[index] < 0x80 { index += 1 }
-            return index == bytes.count
-                || String(validating: bytes.bindMemory(to: UInt8.self), as: UTF8.self) != nil
-        }
-        guard valid else { return nil }
+        guard bytes.withUnsafeReadableBytes(Self.isValidUTF8) else { return nil }
         storage = .bytes(bytes)
+    }
+
+    /// Whether `bytes` are valid UTF-8, as an id's must be: ASCII, the usual case, checked eight bytes at a time,
+    /// anything else by String's validation.
+    public static func isValidUTF8(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        var index = 0
+        while index + 8 <= bytes.count {
+            if bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self) & 0x8080_8080_8080_8080 != 0 { break }
+            index += 8
+        }
+        while index < bytes.count, bytes[index] < 0x80 { index += 1 }
+        return index == bytes.count || String(validating: bytes.bindMemory(to: UInt8.self), as: UTF8.self) != nil
     }
 
     /// The id as text (a view's bytes are decoded into a new `String`).
@@ -217,7 +218,7 @@ public enum IDBytes {
 
 /// An item as the broker keeps it: one allocation holding the object's header, the id's bytes, then the
 /// payload's, exactly as long (a `ByteBuffer` would add an object of its own, 80 bytes and a `malloc` per item).
-/// Made once, where the request is read (`Item.keep()`, on the connection's event loop) or when a store loads;
+/// Made once, where the request is decoded (`Item(wire:)`, on the connection's event loop) or when a store loads;
 /// the commit's event, history, memory and the engine's steps share it, `ItemID(kept:)` and `Payload(kept:)`
 /// being views of its two parts. The id's `tableHash` is computed once, when it is made. Never changed once made.
 public struct KeptItem: @unchecked Sendable {  // its storage never changes once made

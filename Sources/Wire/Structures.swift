@@ -145,8 +145,27 @@ extension ValueState: WireCodable {
 extension Item: WireCodable {
     public static var minEncodedLength: Int { 2 + 4 }
 
+    /// Decoded straight into a kept item (`KeptItem`: the id's bytes and the payload's copied into one allocation
+    /// of their own), which is what the daemon keeps of an inserted item: no slices of the frame, whose storage
+    /// each would retain and release, and no second pass to copy them on the loop or in the store's writer. The
+    /// errors and their order are those of an id then a payload read one after the other.
     public init(wire buffer: inout ByteBuffer) throws(WireError) {
-        self.init(id: try ItemID(wire: &buffer), payload: Payload(try buffer.readWireBytes("payload")))
+        let idLength = Int(try buffer.readWire(UInt16.self, "item id"))
+        guard buffer.readableBytes >= idLength else { throw WireError.truncated("item id") }
+        let validID = buffer.withUnsafeReadableBytes { ItemID.isValidUTF8(UnsafeRawBufferPointer(rebasing: $0[..<idLength])) }
+        guard validID else { throw WireError.malformed("item id is not valid UTF-8") }
+        guard let payloadLength = buffer.getInteger(at: buffer.readerIndex + idLength, as: UInt32.self) else {
+            throw WireError.truncated("payload")
+        }
+        let payloadStart = idLength + 4
+        guard buffer.readableBytes - payloadStart >= Int(payloadLength) else { throw WireError.truncated("payload") }
+        let item = buffer.withUnsafeReadableBytes { bytes in
+            KeptItem.make(
+                id: UnsafeRawBufferPointer(rebasing: bytes[..<idLength]),
+                payload: UnsafeRawBufferPointer(rebasing: bytes[payloadStart..<(payloadStart + Int(payloadLength))]))
+        }
+        buffer.moveReaderIndex(forwardBy: payloadStart + Int(payloadLength))
+        self.init(kept: item)
     }
 
     public func encode(wire buffer: inout ByteBuffer) throws(WireError) {

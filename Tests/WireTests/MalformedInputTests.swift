@@ -89,6 +89,15 @@ let badInputs: [BadInput] = [
         what: "payload length past the end",
         bytes: rawFrame(type: 0x14, payload: store + "00 00000001 0001 61 00001000 7b7d"), code: .malformed),
     BadInput(
+        what: "inserted item's id past the end",
+        bytes: rawFrame(type: 0x14, payload: store + "00 00000001 0009 61 00000000"), code: .malformed),
+    BadInput(
+        what: "inserted item's id not UTF-8",
+        bytes: rawFrame(type: 0x14, payload: store + "00 00000001 0001 80 00000000"), code: .malformed),
+    BadInput(
+        what: "inserted item's payload length cut short",
+        bytes: rawFrame(type: 0x14, payload: store + "00 00000002 0001 61 00000002 7b7d 0001 62 0000"), code: .malformed),
+    BadInput(
         what: "record count larger than the bytes left", bytes: rawFrame(
             type: 0x80, payload: "0000000000000001 0000000000000001 0000000000000001 7fffffff"), fromClient: false,
         code: .malformed),

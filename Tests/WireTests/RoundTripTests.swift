@@ -39,6 +39,28 @@ import Wire
         }
     }
 
+    /// An inserted item is decoded straight into what the daemon keeps: one allocation holding the id's bytes and
+    /// the payload's (`KeptItem`), nothing of the frame's buffer.
+    @Test func insertedItemsAreDecodedKept() throws {
+        let items = [
+            Item(id: "a", payload: Payload("{}")), Item(id: "é-2", payload: Payload("")),
+            Item(id: "", payload: Payload(String(repeating: "x", count: 300))),
+        ]
+        let bytes = try AnyMessage.client(.insert(.init(store: "s", items: items))).encoded(id: 3)
+        guard case (3, .client(.insert(let insert))) = try AnyMessage.decodeOne(bytes) else {
+            Issue.record("not an insert")
+            return
+        }
+        #expect(insert.elements == items)
+        for (index, item) in insert.elements.enumerated() {
+            let kept = try #require(item.keptItem, "item \(index) is not kept")
+            kept.withIDAndPayload { id, payload in
+                #expect(Array(id) == Array(items[index].id.string.utf8))
+                #expect(payload.count == items[index].payload.count)
+            }
+        }
+    }
+
     @Test func manyFramesInOneBuffer() throws {
         var (buffer, expected) = try stream()
         var messages: [AnyMessage] = []
