@@ -7,6 +7,8 @@ import Wire
 
 final class StopFlag: Sendable {
     let value = Mutex(false)
+    /// How many times the other thread has done its work (the link race: flips).
+    let rounds = Atomic<Int>(0)
 }
 
 /// Runs a command (no shell) and waits for it; returns its exit status.
@@ -313,12 +315,16 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
                     symlink(toEvil ? evil : good, staged)
                     rename(staged, flip)
                     toEvil.toggle()
+                    stop.rounds.add(1, ordering: .relaxed)
                 }
             }
             flipper.start()
+            // On a loaded machine the flipper may not run at first: the loads wait for it (bounded), and go on
+            // past 300 until both outcomes have been seen (at most 3,000), so that the race is really run.
+            for _ in 0..<2000 where stop.rounds.load(ordering: .relaxed) == 0 { usleep(5000) }
             var loads = 0
             var refusals = 0
-            for attempt in 0..<300 {
+            for attempt in 0..<3000 where attempt < 300 || loads == 0 || refusals == 0 {
                 let search = directory + "/search-\(attempt)"
                 mkdir(search, 0o755)
                 symlink(flip, search + "/libstorebroker-engine-swap.so")
