@@ -107,7 +107,7 @@ public struct OrderedTable<Key: TableKey, Value> {
     // them up by `ItemID`): `hash` must be the `tableHash` the matching key has.
 
     /// The pair whose key has `hash` and is accepted by `matches`.
-    @inlinable
+    @inlinable @inline(__always)
     public func entry(hash: Int, matching matches: (Key) -> Bool) -> (key: Key, value: Value)? {
         guard let bucket = find(hash: hash, matching: matches).found else { return nil }
         return slots[Self.slot(self.bucket(at: bucket))]
@@ -115,7 +115,7 @@ public struct OrderedTable<Key: TableKey, Value> {
 
     /// The value of the key with `hash` that `matches` accepts, read in place: the key is not copied out (for a
     /// key holding a reference, `entry` costs a retain and a release).
-    @inlinable
+    @inlinable @inline(__always)
     public func value(hash: Int, matching matches: (Key) -> Bool) -> Value? {
         guard let bucket = find(hash: hash, matching: matches).found else { return nil }
         return slots[Self.slot(self.bucket(at: bucket))]?.value
@@ -381,7 +381,7 @@ public struct OrderedTable<Key: TableKey, Value> {
 
     /// The location of the key `matches` accepts among those with this hash (`~index` when it is still in
     /// `draining`), and the empty bucket of `buckets` where such a key would go.
-    @inlinable
+    @inlinable @inline(__always)
     func find(hash: Int, matching matches: (Key) -> Bool) -> (found: Int?, empty: Int) {
         guard let buckets = bucketBase else { return (nil, 0) }
         let tag = UInt64(truncatingIfNeeded: UInt32(truncatingIfNeeded: hash))

@@ -151,21 +151,28 @@ extension Item: WireCodable {
     /// errors and their order are those of an id then a payload read one after the other.
     public init(wire buffer: inout ByteBuffer) throws(WireError) {
         let idLength = Int(try buffer.readWire(UInt16.self, "item id"))
-        guard buffer.readableBytes >= idLength else { throw WireError.truncated("item id") }
-        let validID = buffer.withUnsafeReadableBytes { ItemID.isValidUTF8(UnsafeRawBufferPointer(rebasing: $0[..<idLength])) }
-        guard validID else { throw WireError.malformed("item id is not valid UTF-8") }
-        guard let payloadLength = buffer.getInteger(at: buffer.readerIndex + idLength, as: UInt32.self) else {
-            throw WireError.truncated("payload")
+        enum Read {
+            case item(KeptItem, length: Int)
+            case failed(WireError)
         }
-        let payloadStart = idLength + 4
-        guard buffer.readableBytes - payloadStart >= Int(payloadLength) else { throw WireError.truncated("payload") }
-        let item = buffer.withUnsafeReadableBytes { bytes in
-            KeptItem.make(
-                id: UnsafeRawBufferPointer(rebasing: bytes[..<idLength]),
-                payload: UnsafeRawBufferPointer(rebasing: bytes[payloadStart..<(payloadStart + Int(payloadLength))]))
+        // One look at the bytes for the checks and the copy (each look retains and releases the buffer's storage).
+        let read = buffer.withUnsafeReadableBytes { bytes -> Read in
+            guard bytes.count >= idLength else { return .failed(.truncated("item id")) }
+            let id = UnsafeRawBufferPointer(rebasing: bytes[..<idLength])
+            guard ItemID.isValidUTF8(id) else { return .failed(.malformed("item id is not valid UTF-8")) }
+            let payloadStart = idLength + 4
+            guard bytes.count >= payloadStart else { return .failed(.truncated("payload")) }
+            let payloadLength = Int(UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: idLength, as: UInt32.self)))
+            guard bytes.count - payloadStart >= payloadLength else { return .failed(.truncated("payload")) }
+            let payload = UnsafeRawBufferPointer(rebasing: bytes[payloadStart..<(payloadStart + payloadLength)])
+            return .item(KeptItem.make(id: id, payload: payload), length: payloadStart + payloadLength)
         }
-        buffer.moveReaderIndex(forwardBy: payloadStart + Int(payloadLength))
-        self.init(kept: item)
+        switch read {
+        case .failed(let error): throw error
+        case .item(let item, let length):
+            buffer.moveReaderIndex(forwardBy: length)
+            self.init(kept: item)
+        }
     }
 
     public func encode(wire buffer: inout ByteBuffer) throws(WireError) {
