@@ -672,6 +672,20 @@ final class ManagedStore: Sendable {
             }
         }
         let (committed, base, manifestEpoch) = state.withLock { ($0.contents, $0.info, $0.manifest?.epoch) }
+        // Many single inserts: their ids' entries fetched from memory together before the planner looks them up
+        // one by one (a batch does this for its own items).
+        if writes.count > 1 {
+            var hashes: [Int] = []
+            hashes.reserveCapacity(writes.count)
+            writes.withUnsafeBufferPointer { writes in
+                for index in writes.indices {
+                    if case .write(.insert(let items)) = writes[index].kind, items.count == 1 {
+                        hashes.append(items[0].id.tableHash)
+                    }
+                }
+            }
+            if hashes.count > 1 { _ = hashes.withUnsafeBufferPointer { committed.warm($0) } }
+        }
         var epoch = base.epoch
         var sequence = base.sequence
         var outcomes: [Outcome] = []

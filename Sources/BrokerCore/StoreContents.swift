@@ -101,6 +101,14 @@ public struct StoreContents: Sendable {
         hashes.map { table.certainlyAbsent(hash: $0) }
     }
 
+    /// Brings into the cache what looking up these ids will read (`OrderedTable.warm(hash:)`), all before the
+    /// first lookup: a group of single inserts into a large store waited for memory one id at a time.
+    func warm(_ hashes: UnsafeBufferPointer<Int>) -> Int {
+        var sum = 0
+        for hash in hashes { sum &+= table.warm(hash: hash) }
+        return sum
+    }
+
     public func contains(_ id: ItemID) -> Bool {
         table.contains(hash: id.tableHash, matching: { $0.hasID(id) })
     }
