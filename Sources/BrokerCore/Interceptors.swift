@@ -109,6 +109,8 @@ public struct RequestContext: Sendable {
     /// Tells this context's requests from other contexts' (a connection's, for the daemon): a store's writer
     /// groups the writes of the writers it has just answered (see `ManagedStore`).
     public let submitter: UInt64
+    /// The store this context's last read named (shared by the context's copies).
+    let lookup = StoreLookup()
 
     public init(peer: Peer, grant: Grant, clientName: String) {
         self.peer = peer

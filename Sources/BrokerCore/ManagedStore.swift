@@ -1,6 +1,7 @@
 import DequeModule
 import Locking
 import Logging
+import Synchronization
 import StoreModel
 
 /// Where the broker's answers to a peer's requests go: one receiver per peer (a connection), each answer with the
@@ -103,6 +104,8 @@ final class ManagedStore: Sendable {
     private let retire: @Sendable (ManagedStore) -> Void
     /// Wakes the writer waiting to gather a group (`GroupGathering`).
     private let doorbell = Doorbell()
+    /// `State.retired`, readable without the lock.
+    private let retiredFlag = Atomic<Bool>(false)
 
     private enum Phase {
         case unloaded, loading, ready
@@ -297,9 +300,14 @@ final class ManagedStore: Sendable {
         state.withLock { state in
             guard !state.retired, state.holdsNothing else { return false }
             state.retired = true
+            retiredFlag.store(true, ordering: .releasing)
             return true
         }
     }
+
+    /// Whether the broker has let go of this store (`retireIfNothingHere()`): a connection's cached lookup
+    /// (`StoreLookup`) then looks the name up again.
+    var isRetired: Bool { retiredFlag.load(ordering: .acquiring) }
 
     func info(_ reply: Reply) {
         whenLoaded { failure in

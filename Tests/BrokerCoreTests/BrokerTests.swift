@@ -334,6 +334,66 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
     }
 }
 
+extension StoreSemantics {
+    /// A connection's reads go to the store its last read named without asking the broker's table
+    /// (`StoreLookup`); a store retired meanwhile (it did not exist and nothing was going on) is never answered
+    /// from: once another connection has created the store, the first sees it.
+    @Test func aConnectionsCachedStoreIsNeverARetiredOne() async throws {
+        try await withBroker { broker, _ in
+            func ask(_ command: BrokerCommand, as context: RequestContext) async -> Result<BrokerAnswer, BrokerError> {
+                await withCheckedContinuation { continuation in
+                    broker.handle(command, context: context) { continuation.resume(returning: $0) }
+                }
+            }
+            func count(as context: RequestContext) async -> UInt64? {
+                guard case .success(.count(_, let count)) = await ask(.count(store: "s"), as: context) else { return nil }
+                return count
+            }
+            let reader = RequestContext(peer: Peer(uid: getuid(), pid: 1), grant: .owner, clientName: "reader")
+            let writer = RequestContext(peer: Peer(uid: getuid(), pid: 2), grant: .owner, clientName: "writer")
+            for round in 1...3 {
+                // The reader asks about a store that does not exist (the broker retires it after answering) ...
+                #expect(await count(as: reader) == 0, "round \(round)")
+                try await Task.sleep(for: .milliseconds(5))
+                // ... another connection creates it, and the reader's next read finds what it holds.
+                #expect(sequence(of: await ask(.write(store: "s", .insert([item("i\(round)")])), as: writer)) == 1)
+                #expect(await count(as: reader) == 1, "round \(round): the reader was answered by a retired store")
+                // Dropped: the store does not exist again, for the next round.
+                guard case .success(.written) = await ask(.drop(store: "s"), as: writer) else {
+                    Issue.record("round \(round): the drop failed")
+                    return
+                }
+                try await Task.sleep(for: .milliseconds(5))
+            }
+        }
+    }
+}
+
+extension StoreSemantics {
+    /// One context used with two brokers (as `RequestContext.owner` is in one process): each broker answers from
+    /// its own store of that name, never from the one the other broker's read left in the context's lookup.
+    @Test func aContextReadingTwoBrokersGetsEachOnesStore() async throws {
+        try await withBroker { first, _ in
+            try await withBroker { second, _ in
+                let context = RequestContext(peer: Peer(uid: getuid(), pid: 3), grant: .owner, clientName: "both")
+                func count(_ broker: Broker) async -> UInt64? {
+                    let answer = await withCheckedContinuation { continuation in
+                        broker.handle(.count(store: "s"), context: context) { continuation.resume(returning: $0) }
+                    }
+                    guard case .success(.count(_, let count)) = answer else { return nil }
+                    return count
+                }
+                _ = await ask(first, .write(store: "s", .insert([item("a")])))
+                _ = await ask(second, .write(store: "s", .insert([item("a"), item("b")])))
+                for _ in 0..<3 {
+                    #expect(await count(first) == 1)
+                    #expect(await count(second) == 2)
+                }
+            }
+        }
+    }
+}
+
 /// A weak reference to an item's storage, to see when the daemon lets go of it.
 private final class WeakStorage: @unchecked Sendable {
     weak var storage: KeptItem.Storage?
