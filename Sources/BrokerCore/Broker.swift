@@ -1,6 +1,7 @@
 import Locking
 import Logging
 import StoreModel
+import Synchronization
 
 /// How a broker behaves; built by the daemon from its flags (defaults documented in `storebrokerd --help`).
 public struct BrokerConfiguration: Sendable {
@@ -103,6 +104,9 @@ public final class Broker: Sendable {
     private let checkers: [any RequestInterceptor]
     private let environment: StoreEnvironment
     private let stores = Locked<[String: ManagedStore]>([:])
+    /// Tells this broker from others in the process (`StoreLookup`): never reused, unlike an address.
+    private let identity = Broker.identities.add(1, ordering: .relaxed).newValue
+    private static let identities = Atomic<UInt64>(0)
     /// Set by `shutdown`.
     private let stopping = Locked(false)
     private let values: ValueSpace
@@ -158,12 +162,12 @@ public final class Broker: Sendable {
     /// key is the name's hash: 5% of the daemon's samples under 50 clients `-P 16` reading one store each.
     private func store(_ name: String, for context: RequestContext) -> ManagedStore {
         let cached = context.lookup.last.withLock { last -> ManagedStore? in
-            guard let last, last.broker === self, last.store.name == name else { return nil }
+            guard let last, last.broker == identity, last.store.name == name else { return nil }
             return last.store
         }
         if let cached, !cached.isRetired { return cached }
         let found = store(name)
-        context.lookup.last.withLock { $0 = StoreLookup.Entry(broker: self, store: found) }
+        context.lookup.last.withLock { $0 = StoreLookup.Entry(broker: identity, store: found) }
         return found
     }
 
@@ -418,11 +422,13 @@ public final class Broker: Sendable {
 
 /// The store a connection's last read named (`Broker.store(_:for:)`): a connection reads one store, usually, and
 /// asking the broker's table for it every time was a lock every connection shares. Holds one store at most, with
-/// the broker it came from (a context can be used with several brokers in one process: `RequestContext.owner`); a
+/// the identity of the broker it came from (a context can be used with several brokers in one process: `RequestContext.owner`); a
 /// retired one is looked up again.
 final class StoreLookup: Sendable {
     struct Entry {
-        weak var broker: Broker?
+        /// `Broker.identity` (not a reference: a weak one costs an atomic operation on the broker, which every
+        /// connection shares, per read).
+        let broker: UInt64
         let store: ManagedStore
     }
 
