@@ -588,8 +588,8 @@ final class ManagedStore: Sendable {
 
     /// What a writer's turn let go of: the items its commits replaced or removed, the events history evicted, the
     /// engine's steps and the groups it answered. Released when the turn is over, off the serial path the next
-    /// group waits on (under 50 clients `-P 16`, freeing replaced items and evicted events inside the commit was
-    /// ~8% of the daemon's samples). A turn is bounded (`WriterPool.groupsPerTurn` groups), and so is this.
+    /// group waits on (under 50 clients `-P 16`, releasing all this inside the commit was
+    /// ~10% of the daemon's samples). A turn is bounded (`WriterPool.groupsPerTurn` groups), and so is this.
     private struct Leftovers {
         var contents = StoreContents.Released()
         var events: [Commit] = []

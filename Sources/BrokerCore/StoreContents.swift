@@ -158,8 +158,6 @@ public struct StoreContents: Sendable {
     struct Released: Sendable {
         fileprivate var items: [StoredItem] = []
         fileprivate var tables: [OrderedTable<StoredItem, Stamps>] = []
-
-        var isEmpty: Bool { items.isEmpty && tables.isEmpty }
     }
 
     /// `apply(_:)` with the planner's hints for the inserted records, in order from `next` (which moves past
@@ -180,18 +178,20 @@ public struct StoreContents: Sendable {
                         released.items.append(old.key)
                     }
                 }
-            case .remove(let ids):
-                if ids.count == table.count, ids.count > 64 {
-                    // A removeAll: the whole table goes, a new one starts.
-                    released.tables.append(table)
-                    table = OrderedTable()
-                } else {
-                    for id in ids {
-                        if let old = table.remove(hash: id.tableHash, matching: { $0.hasID(id) }) {
-                            released.items.append(old.key)
-                        }
-                    }
-                }
+            case .remove(let ids): remove(ids, released: &released)
+            }
+        }
+    }
+
+    /// Removes `ids`, moving what goes to `released`.
+    private mutating func remove(_ ids: [ItemID], released: inout Released) {
+        if ids.count == table.count, ids.count > 64 {
+            // A removeAll: cheaper to start over than to remove one by one (the old table goes whole).
+            released.tables.append(table)
+            table = OrderedTable()
+        } else {
+            for id in ids {
+                if let old = table.remove(hash: id.tableHash, matching: { $0.hasID(id) }) { released.items.append(old.key) }
             }
         }
     }
@@ -207,12 +207,8 @@ public struct StoreContents: Sendable {
                         Stamps(createdAt: records[index].createdAt, updatedAt: records[index].updatedAt))
                 }
             case .remove(let ids):
-                if ids.count == table.count, ids.count > 64 {
-                    // A removeAll: cheaper to start over than to remove one by one.
-                    table.removeAll()
-                } else {
-                    for id in ids { table.remove(hash: id.tableHash, matching: { $0.hasID(id) }) }
-                }
+                var released = Released()  // released at once
+                remove(ids, released: &released)
             }
         }
     }

@@ -1,11 +1,12 @@
 import NIOCore
 import StoreModel
 import Testing
+import TestSupport
 
 /// `IDHash`, the keyed hash of ids the daemon's tables use (`ItemID.tableHash`).
 @Suite struct IDHashTests {
     private func ids(_ count: Int, length: ClosedRange<Int>, seed: UInt64) -> [String] {
-        var generator = SplitMix(seed: seed)
+        var generator = SeededGenerator(state: seed)
         let alphabet = Array("abcdefghijklmnopqrstuvwxyz0123456789-_:é€".unicodeScalars)
         return (0..<count).map { _ in
             let n = Int(generator.next() % UInt64(length.count)) + length.lowerBound
@@ -54,15 +55,3 @@ import Testing
     }
 }
 
-/// A small deterministic generator for test data.
-private struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
