@@ -73,6 +73,9 @@ public protocol EngineProvider: Sendable {
 /// and where its answer goes.
 public struct BrokerRequest: Sendable {
     public var command: BrokerCommand
+    /// For a `subscribe`, the queue its pushes go to. For a store write, a subscription of the same peer to that
+    /// store that is not offered the write's event (its client applies the write itself, from the answer);
+    /// one of another store or namespace is ignored.
     public var subscription: Subscription?
     public var reply: Reply
 
@@ -263,8 +266,16 @@ public final class Broker: Sendable {
                 }
                 switch requests[index].command {
                 case .write(let name, let write, let condition):
+                    var silenced: ObjectIdentifier?
+                    if let subscription = requests[index].subscription, subscription.namespace == .store,
+                        subscription.name == name
+                    {
+                        silenced = ObjectIdentifier(subscription)
+                    }
                     batch.add(
-                        PendingWrite(kind: .write(write), condition: condition, submitter: context.submitter, reply: reply),
+                        PendingWrite(
+                            kind: .write(write), condition: condition, submitter: context.submitter, silenced: silenced,
+                            reply: reply),
                         to: name, expected: requests.count)
                 case .drop(let name, let condition):
                     batch.add(

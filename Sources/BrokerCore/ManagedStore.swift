@@ -59,6 +59,9 @@ struct PendingWrite: QueuedWrite {
     var condition: Condition
     /// Who handed the write in (`RequestContext.submitter`).
     var submitter: UInt64
+    /// The subscription not offered this write's event (`BrokerRequest.subscription`): its client applies the
+    /// write itself.
+    var silenced: ObjectIdentifier? = nil
     var reply: Reply
 }
 
@@ -422,17 +425,21 @@ final class ManagedStore: Sendable {
     }
 
     /// After a commit, outside the lock and in sequence order: each push goes to every subscriber (its
-    /// encoding made once, shared), then the commits to the observers (D-Bus); subscribers that lagged or went
-    /// away are forgotten.
+    /// encoding made once, shared) but the one `silenced` names for it, if any (empty: none for any push), then
+    /// the commits to the observers (D-Bus); subscribers that lagged or went away are forgotten. A push nobody
+    /// is offered is not made.
     private func broadcast(
-        _ pushes: @autoclosure () -> [(Push, Position)], to subscribers: [Subscription], commits: [Commit]
+        _ pushes: @autoclosure () -> [(Push, Position)], to subscribers: [Subscription], commits: [Commit],
+        silenced: [ObjectIdentifier?] = []
     ) {
         var ended: [ObjectIdentifier] = []
         if !subscribers.isEmpty {
-            for (push, position) in pushes() {
+            for (index, (push, position)) in pushes().enumerated() {
+                let quiet = silenced.isEmpty ? nil : silenced[index]
+                if let quiet, subscribers.count == 1, ObjectIdentifier(subscribers[0]) == quiet { continue }
                 let shared = SharedPush(push)
-                for subscription in subscribers where !subscription.offer(shared, at: position) {
-                    ended.append(ObjectIdentifier(subscription))
+                for subscription in subscribers where ObjectIdentifier(subscription) != quiet {
+                    if !subscription.offer(shared, at: position) { ended.append(ObjectIdentifier(subscription)) }
                 }
             }
         }
@@ -698,9 +705,11 @@ final class ManagedStore: Sendable {
         var sequence = base.sequence
         var outcomes: [Outcome] = []
         outcomes.reserveCapacity(writes.count)
-        // The commits made, in order, built as they are planned (each request's events are moved in once).
+        // The commits made, in order, built as they are planned (each request's events are moved in once), and
+        // for each, the subscription it is not offered to (only once a write names one: usually none is kept).
         var commits: [Commit] = []
         commits.reserveCapacity(writes.count)
+        var silenced: [ObjectIdentifier?] = []
         let steps: [EngineStep]
         let insertHints: [StoreContents.InsertHint]
         do {
@@ -732,6 +741,12 @@ final class ManagedStore: Sendable {
                     if sequence == 0 { epoch = manifestEpoch ?? Manifest.newEpoch() }
                     sequence += 1
                     outcomes.append(.committed(sequence: sequence))
+                    if let quiet = writes[index].silenced {
+                        if silenced.isEmpty { silenced = Array(repeating: nil, count: commits.count) }
+                        silenced.append(quiet)
+                    } else if !silenced.isEmpty {
+                        silenced.append(nil)
+                    }
                     commits.append(Commit(epoch: epoch, sequence: sequence, steps: events))
                 }
             }
@@ -790,7 +805,8 @@ final class ManagedStore: Sendable {
             state.gathering.committed(writes, applyTook: applyTook, queued: state.pending)
             return Array(state.subscribers.values)
         }
-        broadcast(commits.map { (.storeEvent($0), $0.position) }, to: subscribers, commits: commits)
+        broadcast(
+            commits.map { (.storeEvent($0), $0.position) }, to: subscribers, commits: commits, silenced: silenced)
         answer(writes, outcomes, epoch: epoch)
         leftovers.steps.append(steps)
     }

@@ -38,7 +38,8 @@ struct ConnectionStateMachine {
         case flush
         /// Ask the channel for more bytes.
         case read
-        /// Hand a command to the broker; its answer comes back through `answered(slot:_:io:)`.
+        /// Hand a command to the broker; its answer comes back through `answered(slot:_:io:)`. `subscription`: the
+        /// queue a `subscribe` fills, or the one a write's event is not offered to (`quietChain`).
         case start(slot: UInt64, command: BrokerCommand, subscription: Subscription?)
         /// End a subscription in the broker.
         case unsubscribe(Subscription)
@@ -596,6 +597,17 @@ struct ConnectionStateMachine {
             }
             if command.isWrite { openWrites.append(slot) } else { awaitingStart = slot }
             emit(.start(slot: slot, command: command, subscription: subscription))
+        case .quietWrite(let subscriptionID, let command):
+            // Silences only a subscription of this connection that follows the store written; any other id (one
+            // that lagged and was forgotten, of a value, of another store) leaves a plain write: nothing is lost.
+            var silenced: Subscription?
+            if let subscription = subscriptions[subscriptionID], let target = command.target,
+                subscription.namespace == target.namespace, subscription.name == target.name
+            {
+                silenced = subscription
+            }
+            openWrites.append(slot)
+            emit(.start(slot: slot, command: command, subscription: silenced))
         case .unsubscribe(let subscriptionID):
             if let subscription = subscriptions.removeValue(forKey: subscriptionID) {
                 quota.give()

@@ -9,6 +9,8 @@ enum ConnectionRequest: Sendable {
     case ping
     case unsubscribe(subscriptionID: UInt32)
     case command(BrokerCommand)
+    /// A write whose event the connection's subscription `subscriptionID` is not sent (`quietChain`).
+    case quietWrite(subscriptionID: UInt32, BrokerCommand)
 
     /// `nil` for `hello`, which the session handles before any request reaches the connection.
     init?(_ message: consuming ClientMessage) {
@@ -37,12 +39,20 @@ enum ConnectionRequest: Sendable {
         case .resetValue(let m):
             self = .command(.setValue(namespace: m.namespace, name: m.name, value: nil, condition: m.condition))
         case .subscribe(let m): self = .command(.subscribe(namespace: m.namespace, name: m.name, start: m.start))
+        case .quietChain(let m):
+            // No step: an empty chain, which changes nothing (as a plain `chain` of none).
+            let operation = WriteOperation(steps: m.elements) ?? .chain([])
+            self = .quietWrite(subscriptionID: m.subscriptionID, .write(store: m.store, operation, condition: m.condition))
         }
     }
 
     /// Whether the request changes a store or value (later reads on the connection wait for it).
     var isWrite: Bool {
-        if case .command(let command) = self { command.isWrite } else { false }
+        switch self {
+        case .command(let command): command.isWrite
+        case .quietWrite: true
+        case .ping, .unsubscribe: false
+        }
     }
 }
 

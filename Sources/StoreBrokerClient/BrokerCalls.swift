@@ -122,6 +122,29 @@ extension BrokerConnection {
         try await call(.write(store: store, operation, condition: condition), Self.commitResult)
     }
 
+    /// `write(_:_:condition:)` of `steps` (one step is that step's own request, several a chain) by the mirror
+    /// this connection's subscription `subscriptionID` to `store` feeds: the commit's event is not pushed on that
+    /// subscription (`quietChain`), so its owner applies the write itself, from the answer's sequence. A broker
+    /// that does not know `quietChain`, or a write that fits a frame only without its 4 more bytes, gets the plain
+    /// write, whose event is pushed as usual.
+    package func write(
+        _ store: String, _ steps: [ChainStep], condition: Condition, quietFor subscriptionID: UInt32
+    ) async throws(StoreBrokerError) -> CommitResult {
+        if !quietChainUnknown.withLock({ $0 }) {
+            let request = ClientMessage.quietChain(
+                .init(subscriptionID: subscriptionID, store: store, condition: condition, elements: steps))
+            do throws(StoreBrokerError) {
+                return try await call(request, Self.commitResult)
+            } catch where error.kind == .refused && error.code == .unknownMessageType {
+                quietChainUnknown.withLock { $0 = true }
+            } catch where error.kind == .protocolViolation && error.code == .frameTooLarge {
+                // Not sent: too large by its subscription id.
+            }
+        }
+        let operation = WriteOperation(steps: steps) ?? .chain([])
+        return try await write(store, operation, condition: condition)
+    }
+
     /// Several writes to `store` sent back to back (pipelined, committed in this order); their outcomes in the
     /// same order. One failing does not stop the others.
     public func write(

@@ -21,6 +21,8 @@ public final class BrokerConnection: Sendable {
     private let line: RequestLine
     /// Whether a caller off the event loop writes its request itself (no timeout to arm on the loop).
     private let writesDirectly: Bool
+    /// The broker answered a `quietChain` with `unknownMessageType` (it is older): writes go plain.
+    let quietChainUnknown = Locked(false)
 
     private init(
         welcome: ServerMessage.Welcome, channel: any Channel, handler: NIOLoopBound<ClientHandler>, pushBuffer: Int,
@@ -252,6 +254,8 @@ final class FollowSubscription: @unchecked Sendable {
 /// (it holds up the connection's reading: a slow receiver makes the broker lag the subscription, which bounds
 /// memory on both sides).
 package protocol PushReceiver: AnyObject, Sendable {
+    /// The broker answered the subscribe with this id; the subscription's pushes follow.
+    func started(id: UInt32)
     func receive(_ push: Push)
     /// Once: `nil` after `lagged` (the subscription is over), or the connection's failure.
     func ended(_ error: StoreBrokerError?)
@@ -521,6 +525,7 @@ final class ClientHandler: ChannelInboundHandler {
             promise.fail(StoreBrokerError(.refused, code: error.code, error.message))
         case (.subscribeDirect(let promise, let receiver), .subscribed(let subscribed)):
             streams[subscribed.subscriptionID] = .direct(receiver)
+            receiver.started(id: subscribed.subscriptionID)
             promise.succeed(subscribed.subscriptionID)
         case (.subscribeDirect(let promise, _), _):
             promise.fail(StoreBrokerError(.protocolViolation, "subscribe was answered with \(message.type.name)"))

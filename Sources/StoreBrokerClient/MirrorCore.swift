@@ -19,10 +19,12 @@ struct SubscriptionFollower: Sendable {
 
     /// Runs until cancelled or until `handle` throws (returned). `resumePoint` is asked before each
     /// (re)subscription. When the broker stays out of reach for the client's `connectTimeout`, `unavailable` is
-    /// told (once per outage) and the follower goes on trying.
+    /// told (once per outage) and the follower goes on trying. `subscribed` is told the connection and id of each
+    /// subscription once the broker answered it, and `nil` once it is over (for writes that silence it).
     func run(
         resumePoint: @Sendable () -> SubscriptionStart,
         unavailable: @Sendable (StoreBrokerError) -> Void,
+        subscribed: @escaping @Sendable ((connection: BrokerConnection, id: UInt32)?) -> Void = { _ in },
         handle: @escaping @Sendable (Push) throws(StoreBrokerError) -> Void
     ) async -> StoreBrokerError? {
         var backoff: Duration = .milliseconds(20)
@@ -32,7 +34,9 @@ struct SubscriptionFollower: Sendable {
         while !Task.isCancelled {
             do throws(StoreBrokerError) {
                 let connection = try await client.connection()
-                let subscription = DirectSubscription(handle: handle)
+                // Told on the event loop as the broker's answer is read, before the subscription's first push (a
+                // caller woken by that push, the snapshot, may write at once).
+                let subscription = DirectSubscription(handle: handle) { id in subscribed((connection, id)) }
                 let id = try await connection.subscribe(namespace, name: name, from: resumePoint(), receiver: subscription)
                 backoff = .milliseconds(20)
                 outageSince = nil
@@ -42,6 +46,7 @@ struct SubscriptionFollower: Sendable {
                 } onCancel: {
                     subscription.finish(.cancelled)
                 }
+                subscribed(nil)
                 switch outcome {
                 case .lagged: continue  // subscribe again from where the mirror is
                 case .closed(let error): throw error
@@ -91,9 +96,18 @@ final class DirectSubscription: PushReceiver {
     }
 
     private let handle: @Sendable (Push) throws(StoreBrokerError) -> Void
+    private let onStart: @Sendable (UInt32) -> Void
     private let state = Locked<(outcome: Outcome?, waiter: CheckedContinuation<Outcome, Never>?)>((nil, nil))
 
-    init(handle: @escaping @Sendable (Push) throws(StoreBrokerError) -> Void) { self.handle = handle }
+    init(
+        handle: @escaping @Sendable (Push) throws(StoreBrokerError) -> Void,
+        started: @escaping @Sendable (UInt32) -> Void = { _ in }
+    ) {
+        self.handle = handle
+        onStart = started
+    }
+
+    func started(id: UInt32) { onStart(id) }
 
     func receive(_ push: Push) {
         guard state.withLock({ $0.outcome == nil }) else { return }

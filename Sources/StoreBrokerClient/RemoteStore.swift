@@ -50,6 +50,12 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     private let registrar = ObservationRegistrar()
     private let coding = MirrorCoding()
     private let written = WrittenValues<Item>()
+    /// The follower's subscription now (its connection and id), which this process's writes on that connection
+    /// name so that their commits are not pushed back to it (`quietChain`): the mirror applies them itself.
+    private let quietRoute = Locked<(connection: BrokerConnection, id: UInt32)?>(nil)
+    /// Held from a change of the mirror until its streams are told: the event loop applying pushes and a writer
+    /// applying its answer would otherwise tell them in another order than the commits'. (Taken before `state`.)
+    private let delivery = NSLock()
     // The observed properties' key paths, made once: a key path into a generic class is instantiated at run
     // time (its pattern demangled) each time the expression runs, 13% of the client's time per insert when the
     // mirror made them per event.
@@ -67,6 +73,116 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         var waiters = MirrorWaiters()
         var streams: [UInt64: BoundedStream<StoreEvent<Item>, Never>.Feed] = [:]
         var nextStream: UInt64 = 0
+        /// Writes of this process sent quietly and not answered yet. While there are, an event that skips a
+        /// sequence waits in `heldEvents`: the sequence skipped is such a write's, applied from its answer. (The
+        /// broker writes a commit group's pushes before its answers, so another process's commit right after
+        /// this one's can arrive first.)
+        var quietInFlight = 0
+        /// Events that arrived before the quiet writes they follow, by sequence.
+        var heldEvents: [UInt64: (event: Commit, decoded: [Item])] = [:]
+        /// Quiet writes answered before the events they follow, by sequence.
+        var heldWrites: [UInt64: OwnWrite] = [:]
+        /// Writes of this process applied from their answers (for tests).
+        var appliedFromAnswers = 0
+
+        /// Whether the commit at (`epoch`, `sequence`) comes right after what the mirror holds.
+        func isNext(_ epoch: UInt64, _ sequence: UInt64) -> Bool {
+            sequence == self.sequence + 1 && (epoch == self.epoch || self.sequence == 0)
+        }
+
+        /// Whether the mirror already holds the commit at (`epoch`, `sequence`).
+        func holds(_ epoch: UInt64, _ sequence: UInt64) -> Bool { epoch == self.epoch && sequence <= self.sequence }
+
+        /// Applies an event, its inserted items decoded (in step order); `events` gets what streams are told.
+        mutating func apply(_ event: Commit, decoded: [Item], into events: inout [StoreEvent<Item>]) {
+            // Events are made only for the streams there are (a mirror nobody streams makes none).
+            let streamed = !streams.isEmpty
+            var next = 0  // the first item of the next insert step in `decoded`
+            for step in event.steps {
+                switch step {
+                case .insert(let records):
+                    for index in records.indices { table.put(records[index].id.string, decoded[next + index]) }
+                    if streamed {
+                        let items = Array(decoded[next..<next + records.count])
+                        events.append(StoreEvent(operation: .insert, items: items, sequence: event.sequence))
+                    }
+                    next += records.count
+                case .remove(let ids):
+                    remove(ids.map(\.string), at: event.sequence, streamed: streamed, into: &events)
+                }
+            }
+            moved(to: event.epoch, event.sequence)
+        }
+
+        /// Applies a write of this process committed at (`epoch`, `sequence`) as the broker applied it: an insert
+        /// step holds each id once, where it first occurs, with its last value (as the commit's event would).
+        mutating func apply(
+            _ write: OwnWrite, at epoch: UInt64, _ sequence: UInt64, into events: inout [StoreEvent<Item>]
+        ) {
+            let streamed = !streams.isEmpty
+            var next = 0  // the first value of the next insert step in `write.values`
+            for step in write.steps {
+                switch step {
+                case .insert(let items) where items.count == 1:
+                    table.put(items[0].id.string, write.values[next])
+                    if streamed { events.append(StoreEvent(operation: .insert, items: [write.values[next]], sequence: sequence)) }
+                    next += 1
+                case .insert(let items):
+                    var once = OrderedTable<String, Item>()
+                    for index in items.indices { once.put(items[index].id.string, write.values[next + index]) }
+                    next += items.count
+                    var inserted: [Item] = []
+                    once.forEach { id, item in
+                        table.put(id, item)
+                        if streamed { inserted.append(item) }
+                        return true
+                    }
+                    if streamed { events.append(StoreEvent(operation: .insert, items: inserted, sequence: sequence)) }
+                case .remove(let ids):
+                    remove(ids.map(\.string), at: sequence, streamed: streamed, into: &events)
+                case .removeAll:
+                    var ids: [String] = []
+                    table.forEach { id, _ in
+                        ids.append(id)
+                        return true
+                    }
+                    remove(ids, at: sequence, streamed: streamed, into: &events)
+                }
+            }
+            moved(to: epoch, sequence)
+        }
+
+        private mutating func remove(
+            _ ids: [String], at sequence: UInt64, streamed: Bool, into events: inout [StoreEvent<Item>]
+        ) {
+            var removed: [Item] = []
+            for id in ids { if let item = table.remove(id) { removed.append(item) } }
+            if streamed { events.append(StoreEvent(operation: .remove, items: removed, sequence: sequence)) }
+        }
+
+        private mutating func moved(to epoch: UInt64, _ sequence: UInt64) {
+            array = nil
+            self.epoch = epoch
+            self.sequence = sequence
+        }
+
+        /// Applies what was held and now comes next, in sequence order, and forgets what the mirror holds already.
+        mutating func applyHeld(into events: inout [StoreEvent<Item>]) {
+            guard !heldEvents.isEmpty || !heldWrites.isEmpty else { return }
+            while true {
+                let wanted = sequence + 1
+                if let held = heldEvents.removeValue(forKey: wanted), isNext(held.event.epoch, wanted) {
+                    apply(held.event, decoded: held.decoded, into: &events)
+                } else if let held = heldWrites.removeValue(forKey: wanted), isNext(held.epoch, wanted) {
+                    apply(held, at: held.epoch, wanted, into: &events)
+                    appliedFromAnswers += 1
+                } else {
+                    break
+                }
+            }
+            heldEvents = heldEvents.filter { !holds($0.value.event.epoch, $0.key) }
+            heldWrites = heldWrites.filter { !holds($0.value.epoch, $0.key) }
+        }
 
         mutating func items() -> [Item] {
             if let array { return array }
@@ -194,6 +310,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
                     guard let self else { return }
                     registrar.withMutation(of: self, keyPath: loadStateKey) { state.unavailable(error) }
                 },
+                subscribed: { [weak self] route in self?.quietRoute.withLock { $0 = route } },
                 handle: { [weak self] push throws(StoreBrokerError) in try self?.apply(push) })
             guard let self, let failure else { return }
             registrar.withMutation(of: self, keyPath: loadStateKey) { state.stop(with: failure) }
@@ -218,6 +335,8 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// Applies a push to the mirror, under the lock, in O(items it changes); then tells the streams and
     /// releases the waiters, outside it.
     private func apply(_ push: Push) throws(StoreBrokerError) {
+        delivery.lock()
+        defer { delivery.unlock() }
         var events: [StoreEvent<Item>] = []
         var released: [MirrorWaiters.Continuation] = []
         var streams: [BoundedStream<StoreEvent<Item>, Never>.Feed] = []
@@ -231,9 +350,10 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
                 mirror.epoch = at.epoch
                 mirror.sequence = at.sequence
                 mirror.phase = .value(())
+                events = [StoreEvent(operation: .loaded, items: mirror.items(), sequence: at.sequence)]
+                mirror.applyHeld(into: &events)
                 released = mirror.waiters.takeLoads() + mirror.waiters.advance(to: mirror.position)
                 streams = Array(mirror.streams.values)
-                events = [StoreEvent(operation: .loaded, items: mirror.items(), sequence: at.sequence)]
             }
         case .storeEvent(let event):
             // Each step's items, decoded outside the lock; what this process wrote is taken as it was written.
@@ -247,32 +367,23 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
                 }
             }
             mutate(loadState: false) { mirror in
-                // Events are made only for the streams there are (a mirror nobody streams makes none).
-                let streamed = !mirror.streams.isEmpty
-                var next = 0  // the first item of the next insert step in `decoded`
-                for step in event.steps {
-                    switch step {
-                    case .insert(let records):
-                        for index in records.indices { mirror.table.put(records[index].id.string, decoded[next + index]) }
-                        if streamed {
-                            let items = Array(decoded[next..<next + records.count])
-                            events.append(StoreEvent(operation: .insert, items: items, sequence: event.sequence))
-                        }
-                        next += records.count
-                    case .remove(let ids):
-                        var removed: [Item] = []
-                        for id in ids { if let item = mirror.table.remove(id.string) { removed.append(item) } }
-                        if streamed { events.append(StoreEvent(operation: .remove, items: removed, sequence: event.sequence)) }
-                    }
+                // A write of this process that the mirror applied from its answer, pushed all the same (its
+                // subscription was being replaced when the broker committed it).
+                if mirror.holds(event.epoch, event.sequence) { return }
+                if !mirror.isNext(event.epoch, event.sequence), mirror.quietInFlight > 0 || !mirror.heldWrites.isEmpty {
+                    mirror.heldEvents[event.sequence] = (event, decoded)
+                    return
                 }
-                mirror.array = nil
-                mirror.epoch = event.epoch
-                mirror.sequence = event.sequence
+                mirror.apply(event, decoded: decoded, into: &events)
+                mirror.applyHeld(into: &events)
                 released = mirror.waiters.advance(to: mirror.position)
-                if streamed { streams = Array(mirror.streams.values) }
+                if !events.isEmpty { streams = Array(mirror.streams.values) }
             }
         case .dropped:
             mutate(loadState: false) { mirror in
+                let gone = mirror.epoch
+                mirror.heldEvents = mirror.heldEvents.filter { $0.value.event.epoch != gone }
+                mirror.heldWrites = mirror.heldWrites.filter { $0.value.epoch != gone }
                 let removed = mirror.items()
                 mirror.table = OrderedTable()
                 mirror.array = nil
@@ -285,13 +396,47 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         default:
             return  // historyGone (a snapshot follows), lagged (the follower subscribes again)
         }
+        tell(streams, events)
+        for waiter in released { waiter.resume(returning: .success(())) }
+    }
+
+    /// A quiet write's answer: its commit applied to the mirror (or held until the commits before it), the
+    /// streams told and the waiters released.
+    private func applyAnswer(_ outcome: Result<CommitResult, StoreBrokerError>, of write: OwnWrite) {
+        var events: [StoreEvent<Item>] = []
+        var released: [MirrorWaiters.Continuation] = []
+        var streams: [BoundedStream<StoreEvent<Item>, Never>.Feed] = []
+        delivery.lock()
+        mutate(loadState: false) { mirror in
+            mirror.quietInFlight -= 1
+            guard case .success(let result) = outcome, result.committed,
+                !mirror.holds(result.epoch, result.sequence)
+            else { return }
+            var committed = write
+            committed.epoch = result.epoch
+            guard mirror.isNext(result.epoch, result.sequence) else {
+                mirror.heldWrites[result.sequence] = committed
+                return
+            }
+            mirror.apply(committed, at: result.epoch, result.sequence, into: &events)
+            mirror.appliedFromAnswers += 1
+            mirror.applyHeld(into: &events)
+            released = mirror.waiters.advance(to: mirror.position)
+            if !events.isEmpty { streams = Array(mirror.streams.values) }
+        }
+        tell(streams, events)
+        delivery.unlock()
+        for waiter in released { waiter.resume(returning: .success(())) }
+    }
+
+    /// Gives each stream the events, in order (a stream too far behind lags).
+    private func tell(_ streams: [BoundedStream<StoreEvent<Item>, Never>.Feed], _ events: [StoreEvent<Item>]) {
         for feed in streams {
             for event in events where !feed.yield(event) {
                 lag(feed)
                 break
             }
         }
-        for waiter in released { waiter.resume(returning: .success(())) }
     }
 
     /// A stream whose reader is `eventBuffer` events behind: what it has not read is replaced by `lagged` and
@@ -320,6 +465,9 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// Items of writes in flight the mirror holds as written (for tests: 0 once every write is shown).
     var writesInFlight: Int { written.count }
 
+    /// Writes of this process the mirror applied from their answers, their commits not pushed back (for tests).
+    var writesAppliedFromAnswers: Int { state.withLock { $0.appliedFromAnswers } }
+
     private func payload(_ item: Item) throws(StoreBrokerError) -> StoreModel.Item {
         do {
             return StoreModel.Item(id: ItemID(identifier(item)), payload: try coding.encode(item))
@@ -328,10 +476,26 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         }
     }
 
+    /// A write of this process, as the mirror applies it from its answer.
+    private struct OwnWrite {
+        var epoch: UInt64
+        var steps: [ChainStep]
+        /// The items of the insert steps, in their order.
+        var values: [Item]
+    }
+
     /// Sends a write; returns the store's sequence after it once the mirror has the commit (or has stopped, or
     /// lost the broker: the write is committed all the same). `values` are the items of the insert steps, in
-    /// their order: the mirror takes them as they are when the commit comes back, instead of decoding them.
+    /// their order: the mirror takes them as they are, never decoding what it wrote. On the connection the
+    /// mirror follows the store on, the write names that subscription (`quietChain`): the broker does not push
+    /// the commit back, and the mirror applies the write itself, in sequence order with the other commits.
     fileprivate func write(_ steps: [ChainStep], values: [Item], expecting: UInt64?) async throws(StoreBrokerError) -> UInt64 {
+        guard !steps.isEmpty else { return sequence }
+        let condition: Condition = expecting.map { .sequence($0) } ?? .unconditional
+        let connection = try await client.connection()
+        if let route = quietRoute.withLock({ $0 }), route.connection === connection {
+            return try await quietWrite(OwnWrite(epoch: 0, steps: steps, values: values), condition, connection, route.id)
+        }
         var payloads: [Payload] = []
         payloads.reserveCapacity(values.count)
         for step in steps {
@@ -340,19 +504,27 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         }
         written.note(payloads, values)
         defer { written.forget(payloads) }
-        let operation: WriteOperation
-        switch steps.count {
-        case 0: return sequence
-        case 1:
-            switch steps[0] {
-            case .insert(let items): operation = .insert(items)
-            case .remove(let ids): operation = .remove(ids)
-            case .removeAll: operation = .removeAll
-            }
-        default: operation = .chain(steps)
+        let operation = WriteOperation(steps: steps) ?? .chain([])
+        let result = try await connection.write(name, operation, condition: condition)
+        guard result.committed else { return result.sequence }
+        try? await state.waitUntilReached("store \(name) to show a write", epoch: result.epoch, sequence: result.sequence)
+        return result.sequence
+    }
+
+    /// `write` naming the mirror's subscription `subscriptionID` on `connection`: the answer's commit is applied
+    /// here, or held until the commits before it have arrived.
+    private func quietWrite(
+        _ write: OwnWrite, _ condition: Condition, _ connection: BrokerConnection, _ subscriptionID: UInt32
+    ) async throws(StoreBrokerError) -> UInt64 {
+        state.withLock { $0.quietInFlight += 1 }
+        let outcome: Result<CommitResult, StoreBrokerError>
+        do throws(StoreBrokerError) {
+            outcome = .success(try await connection.write(name, write.steps, condition: condition, quietFor: subscriptionID))
+        } catch {
+            outcome = .failure(error)
         }
-        let condition: Condition = expecting.map { .sequence($0) } ?? .unconditional
-        let result = try await client.connection().write(name, operation, condition: condition)
+        applyAnswer(outcome, of: write)
+        let result = try outcome.get()
         guard result.committed else { return result.sequence }
         try? await state.waitUntilReached("store \(name) to show a write", epoch: result.epoch, sequence: result.sequence)
         return result.sequence

@@ -7,6 +7,21 @@ public enum WriteOperation: Sendable {
     case remove([ItemID])
     case removeAll
     case chain([ChainStep])
+
+    /// The steps as one operation: a single step is that step's own operation (with its limits: an insert of
+    /// N items counts N, not N + 1 as a chain), several are a chain. Nil for no step.
+    public init?(steps: consuming [ChainStep]) {
+        guard steps.count == 1 else {
+            if steps.isEmpty { return nil }
+            self = .chain(steps)
+            return
+        }
+        switch steps.removeLast() {
+        case .insert(let items): self = .insert(items)
+        case .remove(let ids): self = .remove(ids)
+        case .removeAll: self = .removeAll
+        }
+    }
 }
 
 /// The outcome of a write: `committed` false when it changed nothing and took no sequence (the sequence is

@@ -22,6 +22,7 @@ public enum ClientMessage: Hashable, Sendable {
     case setValue(SetValue)  // 0x21
     case resetValue(ResetValue)  // 0x22
     case listValues(ListValues)  // 0x23
+    case quietChain(QuietChain)  // 0x24
 
     /// The payload, as its own type.
     public var body: any WireMessage {
@@ -46,6 +47,7 @@ public enum ClientMessage: Hashable, Sendable {
         case .setValue(let m): m
         case .resetValue(let m): m
         case .listValues(let m): m
+        case .quietChain(let m): m
         }
     }
 
@@ -77,6 +79,7 @@ public enum ClientMessage: Hashable, Sendable {
         case .setValue: self = .setValue(try SetValue(payload: &payload))
         case .resetValue: self = .resetValue(try ResetValue(payload: &payload))
         case .listValues: self = .listValues(try ListValues(payload: &payload))
+        case .quietChain: self = .quietChain(try QuietChain(payload: &payload))
         default: throw WireError(.unexpectedMessage, "\(type.name) is a server message")
         }
         try requireFullyConsumed(payload, type)

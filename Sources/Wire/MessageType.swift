@@ -28,6 +28,7 @@ public enum MessageType: UInt8, CaseIterable, Hashable, Sendable, Codable {
     case setValue = 0x21  // -> writeResult
     case resetValue = 0x22  // -> writeResult
     case listValues = 0x23  // -> valueList
+    case quietChain = 0x24  // -> writeResult; the named subscription is not pushed its event
     // Answers.
     case welcome = 0x40  // answers hello
     case pong = 0x41

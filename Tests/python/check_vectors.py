@@ -206,6 +206,8 @@ MESSAGES = {
                                   "value": r.bytes_hex()}, False),
     0x22: ("resetValue", lambda r: {"namespace": namespace(r), "name": r.text(), "condition": condition(r)}, False),
     0x23: ("listValues", lambda r: {"namespace": namespace(r)}, False),
+    0x24: ("quietChain", lambda r: {"subscriptionID": r.u32(), "store": r.text(), "condition": condition(r),
+                                    "elements": r.list_of(chain_step, 1)}, False),
     0x40: ("welcome", lambda r: {"version": r.u16(), "serverVersion": r.text(), "maxFrameLength": r.u32(),
                                  "maxItemLength": r.u32(), "maxBatch": r.u32(), "maxInFlight": r.u32()}, False),
     0x41: ("pong", lambda r: {}, False),

@@ -81,6 +81,41 @@ extension ClientMessage {
     /// follows the answer.
     public typealias Unsubscribe = SubscriptionMessage<Kinds.Unsubscribe>
 
+    /// `quietChain` (0x24): `u32 subscriptionID, text store, Condition condition, list<ChainStep> steps`. A
+    /// write by the mirror that `subscriptionID` (a subscription of this connection to `store`) feeds: the
+    /// commit's event goes to every other subscriber as usual but is not pushed on that subscription, whose
+    /// client applies the write itself from the answer (`writeResult`, its sequence). One step is that step's
+    /// own request (`insert`, `remove`, `removeAll`: their limits), several are a `chain`. A subscription id that
+    /// names no live subscription of this connection to `store` silences nothing: the write is a plain one.
+    public struct QuietChain: WireMessage {
+        public static var type: MessageType { .quietChain }
+        public var subscriptionID: UInt32
+        public var store: String
+        public var condition: Condition
+        public var elements: [ChainStep]
+
+        public init(subscriptionID: UInt32, store: String, condition: Condition = .unconditional, elements: [ChainStep]) {
+            self.subscriptionID = subscriptionID
+            self.store = store
+            self.condition = condition
+            self.elements = elements
+        }
+
+        public init(payload: inout ByteBuffer) throws(WireError) {
+            subscriptionID = try payload.readWire(UInt32.self, "subscription id")
+            store = try payload.readWireText("store")
+            condition = try Condition(wire: &payload)
+            elements = try payload.readWireList("elements")
+        }
+
+        public func encode(payload: inout ByteBuffer) throws(WireError) {
+            payload.writeInteger(subscriptionID)
+            try payload.writeWireText(store, "store")
+            try condition.encode(wire: &payload)
+            try payload.writeWireList(elements)
+        }
+    }
+
     /// `getItems` (0x19): `text store, list<ItemID> ids`. Answered by `itemsResult`, one slot per id in
     /// request order.
     public struct GetItems: WireMessage {

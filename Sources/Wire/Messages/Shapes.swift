@@ -248,6 +248,7 @@ public enum Kinds {
     public enum RemoveAll: MessageKind { public static var type: MessageType { .removeAll } }
     public enum Drop: MessageKind { public static var type: MessageType { .drop } }
     public enum Chain: MessageKind { public static var type: MessageType { .chain } }
+    public enum QuietChain: MessageKind { public static var type: MessageType { .quietChain } }
     public enum QueryRange: MessageKind { public static var type: MessageType { .queryRange } }
     public enum Count: MessageKind { public static var type: MessageType { .count } }
     public enum ListIDs: MessageKind { public static var type: MessageType { .listIDs } }

@@ -130,6 +130,13 @@ let samples: [Sample] = [
         name: "resetValue", id: 22,
         message: .client(.resetValue(.init(namespace: .value, name: "theme", condition: .sequence(4))))),
     Sample(name: "listValues", id: 23, message: .client(.listValues(.init(namespace: .value)))),
+    Sample(
+        name: "quietChain", id: 24,
+        message: .client(
+            .quietChain(
+                .init(
+                    subscriptionID: 3, store: "notes", condition: .sequence(7),
+                    elements: [.insert(items: [Item(id: "n3", payload: payload(#"{"id":"n3"}"#))])])))),
     // Answers.
     Sample(name: "pong", id: 1, message: .server(.pong(.init()))),
     Sample(

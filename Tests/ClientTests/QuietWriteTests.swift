@@ -1,0 +1,74 @@
+import Foundation
+@testable import StoreBrokerClient
+import StoreBrokerTesting
+import Testing
+import Wire
+
+/// A `RemoteStore`'s writes name its own subscription (`quietChain`): the broker does not push their commits
+/// back, and the mirror applies each from its answer, in sequence order with other processes' commits.
+@Suite struct QuietWrites {
+    @Test func aMirrorAppliesItsWritesFromTheirAnswersNotFromPushes() async throws {
+        try await withTemporaryBroker { client in
+            let store = try await RemoteStore<Note>(client: client, loading: "notes")
+            try await store.insert(Note(id: "a", text: "one"))
+            try await store.insert([Note(id: "b", text: "two"), Note(id: "a", text: "one again")])
+            try await store.chain().remove(id: "b").insert(Note(id: "c", text: "three")).run()
+            try await store.removeAll()
+            try await store.insert(Note(id: "d", text: "four"))
+            // Every write was applied from its answer: a commit pushed back would have been applied first (the
+            // broker writes a commit's pushes before its answers), leaving the answer nothing to apply.
+            #expect(store.writesAppliedFromAnswers == 5)
+            #expect(store.items == [Note(id: "d", text: "four")])
+            let fresh = try await RemoteStore<Note>(client: BrokerClient(socketPath: client.socketPath), loading: "notes")
+            #expect(fresh.items == store.items && fresh.sequence == store.sequence)
+            await fresh.client.close()
+        }
+    }
+
+    /// Two processes writing at once: each one's commits come back only to the other, so a mirror often gets
+    /// another process's commit before the answer to its own earlier one. Both mirrors end equal to the broker,
+    /// having told their streams every commit once, in sequence order.
+    @Test func twoProcessesWritingAtOnceEndEqualWithGapFreeEvents() async throws {
+        try await withTemporaryBroker { client in
+            let first = try await RemoteStore<Note>(client: client, loading: "shared")
+            let second = try await RemoteStore<Note>(client: BrokerClient(socketPath: client.socketPath), loading: "shared")
+            let logs = [first, second].map { store in
+                let sequences = Collected<UInt64>()
+                let task = Task {
+                    for await event in store.events where event.operation == .insert || event.operation == .remove {
+                        sequences.append(event.sequence)
+                    }
+                }
+                return (sequences, task)
+            }
+            let rounds = 60
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for (name, store) in [("f", first), ("s", second)] {
+                    for n in 0..<rounds {
+                        group.addTask {
+                            try await store.insert(Note(id: "\(name)\(n % 20)", text: "\(name) \(n)"))
+                            if n % 15 == 14 { try await store.remove(id: "\(name)\(n % 7)") }
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            let connection = try await client.connection()
+            let broker = try await connection.ids("shared")
+            try await first.waitUntilSeen(sequence: broker.position.sequence)
+            try await second.waitUntilSeen(sequence: broker.position.sequence)
+            #expect(first.items.map(\.id) == broker.value.map(\.string))
+            #expect(second.items == first.items)
+            for (sequences, task) in logs {
+                #expect(await sequences.waitFor(count: 1))
+                // One event per commit here (single-step writes; a remove of an absent id commits nothing).
+                let seen = sequences.all
+                #expect(seen == Array(1...UInt64(seen.count)), "events skipped or repeated a commit: \(seen)")
+                #expect(seen.last == broker.position.sequence)
+                task.cancel()
+            }
+            #expect(first.writesAppliedFromAnswers + second.writesAppliedFromAnswers > 0)
+            await second.client.close()
+        }
+    }
+}
