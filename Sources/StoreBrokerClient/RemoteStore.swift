@@ -73,11 +73,13 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         var waiters = MirrorWaiters()
         var streams: [UInt64: BoundedStream<StoreEvent<Item>, Never>.Feed] = [:]
         var nextStream: UInt64 = 0
-        /// Writes of this process sent quietly and not answered yet. While there are, an event that skips a
+        /// Writes of this process sent quietly and not answered yet, by a number of their own. While there are,
+        /// an event that skips a
         /// sequence waits in `heldEvents`: the sequence skipped is such a write's, applied from its answer. (The
         /// broker writes a commit group's pushes before its answers, so another process's commit right after
         /// this one's can arrive first.)
-        var quietInFlight = 0
+        var quietWrites: [UInt64: OwnWrite] = [:]
+        var nextQuietWrite: UInt64 = 0
         /// Events that arrived before the quiet writes they follow, by sequence.
         var heldEvents: [UInt64: (event: Commit, decoded: [Item])] = [:]
         /// Quiet writes answered before the events they follow, by sequence.
@@ -358,19 +360,26 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         case .storeEvent(let event):
             // Each step's items, decoded outside the lock; what this process wrote is taken as it was written.
             let ownWrites = written.snapshot()
+            // A quiet write is pushed back after all when the broker committed it while the mirror's subscription
+            // was being replaced: then too the mirror takes what was written.
+            let quietWrites = state.withLock { $0.quietWrites.isEmpty ? [] : Array($0.quietWrites.values) }
             var decoded: [Item] = []
             for step in event.steps {
                 guard case .insert(let records) = step else { continue }
                 decoded.reserveCapacity(decoded.count + records.count)
                 for record in records {
-                    if let item = ownWrites.value(for: record.payload) { decoded.append(item) } else { decoded.append(try decode(record)) }
+                    if let item = ownWrites.value(for: record.payload) ?? OwnWrite.value(for: record, in: quietWrites) {
+                        decoded.append(item)
+                    } else {
+                        decoded.append(try decode(record))
+                    }
                 }
             }
             mutate(loadState: false) { mirror in
                 // A write of this process that the mirror applied from its answer, pushed all the same (its
                 // subscription was being replaced when the broker committed it).
                 if mirror.holds(event.epoch, event.sequence) { return }
-                if !mirror.isNext(event.epoch, event.sequence), mirror.quietInFlight > 0 || !mirror.heldWrites.isEmpty {
+                if !mirror.isNext(event.epoch, event.sequence), !mirror.quietWrites.isEmpty || !mirror.heldWrites.isEmpty {
                     mirror.heldEvents[event.sequence] = (event, decoded)
                     return
                 }
@@ -402,13 +411,13 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     /// A quiet write's answer: its commit applied to the mirror (or held until the commits before it), the
     /// streams told and the waiters released.
-    private func applyAnswer(_ outcome: Result<CommitResult, StoreBrokerError>, of write: OwnWrite) {
+    private func applyAnswer(_ outcome: Result<CommitResult, StoreBrokerError>, of write: OwnWrite, number: UInt64) {
         var events: [StoreEvent<Item>] = []
         var released: [MirrorWaiters.Continuation] = []
         var streams: [BoundedStream<StoreEvent<Item>, Never>.Feed] = []
         delivery.lock()
         mutate(loadState: false) { mirror in
-            mirror.quietInFlight -= 1
+            mirror.quietWrites[number] = nil
             guard case .success(let result) = outcome, result.committed,
                 !mirror.holds(result.epoch, result.sequence)
             else { return }
@@ -468,6 +477,12 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// Writes of this process the mirror applied from their answers, their commits not pushed back (for tests).
     var writesAppliedFromAnswers: Int { state.withLock { $0.appliedFromAnswers } }
 
+    /// For tests: quiet writes name subscription `id` instead of the mirror's (one the broker does not know
+    /// makes their commits come back as pushes, as when the subscription is being replaced).
+    func misnameSubscription(_ id: UInt32) {
+        quietRoute.withLock { route in route = route.map { ($0.connection, id) } }
+    }
+
     private func payload(_ item: Item) throws(StoreBrokerError) -> StoreModel.Item {
         do {
             return StoreModel.Item(id: ItemID(identifier(item)), payload: try coding.encode(item))
@@ -482,6 +497,23 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         var steps: [ChainStep]
         /// The items of the insert steps, in their order.
         var values: [Item]
+
+        /// The value one of `writes` wrote as `record` (its id, then its very bytes), if any.
+        static func value(for record: ItemRecord, in writes: [OwnWrite]) -> Item? {
+            for write in writes {
+                var next = 0
+                for step in write.steps {
+                    guard case .insert(let items) = step else { continue }
+                    // The last occurrence of an id is the one committed.
+                    for index in items.indices.reversed() where items[index].id == record.id {
+                        if items[index].payload == record.payload { return write.values[next + index] }
+                        break
+                    }
+                    next += items.count
+                }
+            }
+            return nil
+        }
     }
 
     /// Sends a write; returns the store's sequence after it once the mirror has the commit (or has stopped, or
@@ -516,14 +548,20 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     private func quietWrite(
         _ write: OwnWrite, _ condition: Condition, _ connection: BrokerConnection, _ subscriptionID: UInt32
     ) async throws(StoreBrokerError) -> UInt64 {
-        state.withLock { $0.quietInFlight += 1 }
+        // Kept in flight where an event that brings it back after all finds it (by id, then its bytes): no
+        // table of payloads hashed per write.
+        let number = state.withLock { mirror in
+            mirror.nextQuietWrite += 1
+            mirror.quietWrites[mirror.nextQuietWrite] = write
+            return mirror.nextQuietWrite
+        }
         let outcome: Result<CommitResult, StoreBrokerError>
         do throws(StoreBrokerError) {
             outcome = .success(try await connection.write(name, write.steps, condition: condition, quietFor: subscriptionID))
         } catch {
             outcome = .failure(error)
         }
-        applyAnswer(outcome, of: write)
+        applyAnswer(outcome, of: write, number: number)
         let result = try outcome.get()
         guard result.committed else { return result.sequence }
         try? await state.waitUntilReached("store \(name) to show a write", epoch: result.epoch, sequence: result.sequence)
