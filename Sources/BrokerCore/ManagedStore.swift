@@ -426,8 +426,8 @@ final class ManagedStore: Sendable {
 
     /// After a commit, outside the lock and in sequence order: each push goes to every subscriber (its
     /// encoding made once, shared) but the one `silenced` names for it, if any (empty: none for any push), then
-    /// the commits to the observers (D-Bus); subscribers that lagged or went away are forgotten. A push nobody
-    /// is offered is not made.
+    /// the commits to the observers (D-Bus); subscribers that lagged or went away are forgotten. No shared push
+    /// is made for a commit whose only subscriber is the silenced one.
     private func broadcast(
         _ pushes: @autoclosure () -> [(Push, Position)], to subscribers: [Subscription], commits: [Commit],
         silenced: [ObjectIdentifier?] = []

@@ -74,10 +74,9 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         var streams: [UInt64: BoundedStream<StoreEvent<Item>, Never>.Feed] = [:]
         var nextStream: UInt64 = 0
         /// Writes of this process sent quietly and not answered yet, by a number of their own. While there are,
-        /// an event that skips a
-        /// sequence waits in `heldEvents`: the sequence skipped is such a write's, applied from its answer. (The
-        /// broker writes a commit group's pushes before its answers, so another process's commit right after
-        /// this one's can arrive first.)
+        /// an event that skips a sequence waits in `heldEvents`: the sequence skipped is such a write's, applied
+        /// from its answer. (The broker writes a commit group's pushes before its answers, so another process's
+        /// commit right after this one's can arrive first.)
         var quietWrites: [UInt64: OwnWrite] = [:]
         var nextQuietWrite: UInt64 = 0
         /// Events that arrived before the quiet writes they follow, by sequence.
