@@ -124,25 +124,36 @@ extension BrokerConnection {
 
     /// `write(_:_:condition:)` of `steps` (one step is that step's own request, several a chain) by the mirror
     /// this connection's subscription `subscriptionID` to `store` feeds: the commit's event is not pushed on that
-    /// subscription (`quietChain`), so its owner applies the write itself, from the answer's sequence. A broker
-    /// that does not know `quietChain`, or a write that fits a frame only without its 4 more bytes, gets the plain
-    /// write, whose event is pushed as usual.
+    /// subscription (`quietChain`), so its owner applies the write itself, when `seen` is told of the answer (on
+    /// the event loop, in order with the subscription's pushes; told of a failure too, once). Throws what
+    /// `isQuietChainRefusal` recognizes when the broker does not know `quietChain` (it is then not tried again on
+    /// this connection) or the write fits a frame only without its 4 more bytes: send the plain write then.
     package func write(
-        _ store: String, _ steps: [ChainStep], condition: Condition, quietFor subscriptionID: UInt32
+        _ store: String, _ steps: [ChainStep], condition: Condition, quietFor subscriptionID: UInt32,
+        seen: @escaping @Sendable (Result<CommitResult, StoreBrokerError>) -> Void
     ) async throws(StoreBrokerError) -> CommitResult {
-        if !quietChainUnknown.withLock({ $0 }) {
-            let request = ClientMessage.quietChain(
-                .init(subscriptionID: subscriptionID, store: store, condition: condition, elements: steps))
-            do throws(StoreBrokerError) {
-                return try await call(request, Self.commitResult)
-            } catch where error.kind == .refused && error.code == .unknownMessageType {
-                quietChainUnknown.withLock { $0 = true }
-            } catch where error.kind == .protocolViolation && error.code == .frameTooLarge {
-                // Not sent: too large by its subscription id.
-            }
+        let request = ClientMessage.quietChain(
+            .init(subscriptionID: subscriptionID, store: store, condition: condition, elements: steps))
+        let reply: ServerMessage
+        do throws(StoreBrokerError) {
+            reply = try await send(request) { outcome in seen(outcome.flatMap(Self.commitOutcome)) }
+        } catch {
+            if error.kind == .refused, error.code == .unknownMessageType { quietChainUnknown.withLock { $0 = true } }
+            throw error
         }
-        let operation = WriteOperation(steps: steps) ?? .chain([])
-        return try await write(store, operation, condition: condition)
+        return try Self.commitOutcome(reply).get()
+    }
+
+    /// Whether a write was refused for being a `quietChain` (see `write(_:_:condition:quietFor:seen:)`), and goes
+    /// plain instead.
+    package static func isQuietChainRefusal(_ error: StoreBrokerError) -> Bool {
+        (error.kind == .refused && error.code == .unknownMessageType)
+            || (error.kind == .protocolViolation && error.code == .frameTooLarge)
+    }
+
+    private static func commitOutcome(_ reply: ServerMessage) -> Result<CommitResult, StoreBrokerError> {
+        commitResult(reply).map(Result.success)
+            ?? .failure(StoreBrokerError(.protocolViolation, "a write was answered with \(reply.type.name)"))
     }
 
     /// Several writes to `store` sent back to back (pipelined, committed in this order); their outcomes in the
@@ -151,12 +162,7 @@ extension BrokerConnection {
         _ store: String, pipelined writes: [(WriteOperation, Condition)]
     ) async throws(StoreBrokerError) -> [Result<CommitResult, StoreBrokerError>] {
         let requests = writes.map { ClientMessage.write(store: store, $0.0, condition: $0.1) }
-        return try await send(requests).map { outcome in
-            outcome.flatMap { reply in
-                Self.commitResult(reply).map(Result.success)
-                    ?? .failure(StoreBrokerError(.protocolViolation, "a write was answered with \(reply.type.name)"))
-            }
-        }
+        return try await send(requests).map { $0.flatMap(Self.commitOutcome) }
     }
 
     /// Deletes a store and its data (`committed` false when it did not exist).

@@ -142,6 +142,27 @@ public final class BrokerConnection: Sendable {
 
     /// Where an answer goes: the waiting caller.
     typealias Answer = UnsafeContinuation<Result<ServerMessage, StoreBrokerError>, Never>
+    /// Told of an answer on the event loop as it is read (`send(_:seen:)`).
+    package typealias AnswerSeen = @Sendable (Result<ServerMessage, StoreBrokerError>) -> Void
+
+    /// `send(_:)`, and `seen` is told of the answer (or of the failure) once, on the connection's event loop as
+    /// the answer is read: in order with the pushes read around it, before this returns. A mirror applies its
+    /// own write there, where it applies the pushes.
+    package func send(_ request: ClientMessage, seen: @escaping AnswerSeen) async throws(StoreBrokerError) -> ServerMessage {
+        let result = await withUnsafeContinuation { (continuation: Answer) in
+            if channel.eventLoop.inEventLoop {
+                handler.value.send(request, continuation, seen: seen)
+            } else if writesDirectly {
+                if case .failure(let error) = line.send(request, .answerSeen(continuation, seen)) {
+                    seen(.failure(error))
+                    continuation.resume(returning: .failure(error))
+                }
+            } else {
+                channel.eventLoop.execute { [handler] in handler.value.send(request, continuation, seen: seen) }
+            }
+        }
+        return try result.get()
+    }
 
     /// Sends several requests back to back (pipelined, in this order) and returns their outcomes in the same
     /// order; one failing does not stop the others.
@@ -395,6 +416,13 @@ final class ClientHandler: ChannelInboundHandler {
         write(request, .answer(continuation)) { continuation.resume(returning: .failure($0)) }
     }
 
+    func send(_ request: ClientMessage, _ continuation: BrokerConnection.Answer, seen: @escaping BrokerConnection.AnswerSeen) {
+        write(request, .answerSeen(continuation, seen)) { error in
+            seen(.failure(error))
+            continuation.resume(returning: .failure(error))
+        }
+    }
+
     func send(_ request: ClientMessage) -> EventLoopFuture<ServerMessage> {
         guard let context else { return Self.closed() }
         let promise = context.eventLoop.makePromise(of: ServerMessage.self)
@@ -517,6 +545,13 @@ final class ClientHandler: ChannelInboundHandler {
             answered.append((continuation, .failure(StoreBrokerError(.refused, code: error.code, error.message))))
         case (.answer(let continuation), _):
             answered.append((continuation, .success(message)))
+        case (.answerSeen(let continuation, let seen), .error(let error)):
+            let failure = StoreBrokerError(.refused, code: error.code, error.message)
+            seen(.failure(failure))
+            answered.append((continuation, .failure(failure)))
+        case (.answerSeen(let continuation, let seen), _):
+            seen(.success(message))
+            answered.append((continuation, .success(message)))
         case (.request(let promise), .error(let error)):
             promise.fail(StoreBrokerError(.refused, code: error.code, error.message))
         case (.subscribe(let promise), .error(let error)):
@@ -597,6 +632,9 @@ final class ClientHandler: ChannelInboundHandler {
         for entry in line.fail(error) {
             switch entry {
             case .answer(let continuation): continuation.resume(returning: .failure(error))
+            case .answerSeen(let continuation, let seen):
+                seen(.failure(error))
+                continuation.resume(returning: .failure(error))
             case .request(let promise): promise.fail(error)
             case .subscribe(let promise): promise.fail(error)
             case .subscribeDirect(let promise, _): promise.fail(error)

@@ -53,9 +53,6 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// The follower's subscription now (its connection and id), which this process's writes on that connection
     /// name so that their commits are not pushed back to it (`quietChain`): the mirror applies them itself.
     private let quietRoute = Locked<(connection: BrokerConnection, id: UInt32)?>(nil)
-    /// Held from a change of the mirror until its streams are told: the event loop applying pushes and a writer
-    /// applying its answer would otherwise tell them in another order than the commits'. (Taken before `state`.)
-    private let delivery = NSLock()
     // The observed properties' key paths, made once: a key path into a generic class is instantiated at run
     // time (its pattern demangled) each time the expression runs, 13% of the client's time per insert when the
     // mirror made them per event.
@@ -336,8 +333,6 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// Applies a push to the mirror, under the lock, in O(items it changes); then tells the streams and
     /// releases the waiters, outside it.
     private func apply(_ push: Push) throws(StoreBrokerError) {
-        delivery.lock()
-        defer { delivery.unlock() }
         var events: [StoreEvent<Item>] = []
         var released: [MirrorWaiters.Continuation] = []
         var streams: [BoundedStream<StoreEvent<Item>, Never>.Feed] = []
@@ -408,13 +403,13 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         for waiter in released { waiter.resume(returning: .success(())) }
     }
 
-    /// A quiet write's answer: its commit applied to the mirror (or held until the commits before it), the
-    /// streams told and the waiters released.
+    /// A quiet write's answer, on the connection's event loop as it is read (where pushes are applied, so the
+    /// streams are told in commit order): its commit applied to the mirror, or held until the commits before it
+    /// have arrived; the streams told and the waiters released.
     private func applyAnswer(_ outcome: Result<CommitResult, StoreBrokerError>, of write: OwnWrite, number: UInt64) {
         var events: [StoreEvent<Item>] = []
         var released: [MirrorWaiters.Continuation] = []
         var streams: [BoundedStream<StoreEvent<Item>, Never>.Feed] = []
-        delivery.lock()
         mutate(loadState: false) { mirror in
             mirror.quietWrites[number] = nil
             guard case .success(let result) = outcome, result.committed,
@@ -433,7 +428,6 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
             if !events.isEmpty { streams = Array(mirror.streams.values) }
         }
         tell(streams, events)
-        delivery.unlock()
         for waiter in released { waiter.resume(returning: .success(())) }
     }
 
@@ -524,8 +518,14 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         guard !steps.isEmpty else { return sequence }
         let condition: Condition = expecting.map { .sequence($0) } ?? .unconditional
         let connection = try await client.connection()
-        if let route = quietRoute.withLock({ $0 }), route.connection === connection {
-            return try await quietWrite(OwnWrite(epoch: 0, steps: steps, values: values), condition, connection, route.id)
+        if let route = quietRoute.withLock({ $0 }), route.connection === connection,
+            !connection.quietChainUnknown.withLock({ $0 })
+        {
+            do throws(StoreBrokerError) {
+                return try await quietWrite(OwnWrite(epoch: 0, steps: steps, values: values), condition, connection, route.id)
+            } catch where BrokerConnection.isQuietChainRefusal(error) {
+                // An older broker, or a write that fits a frame only plain: sent plain below.
+            }
         }
         var payloads: [Payload] = []
         payloads.reserveCapacity(values.count)
@@ -543,7 +543,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     }
 
     /// `write` naming the mirror's subscription `subscriptionID` on `connection`: the answer's commit is applied
-    /// here, or held until the commits before it have arrived.
+    /// on the event loop as the answer is read (`applyAnswer`), before this resumes.
     private func quietWrite(
         _ write: OwnWrite, _ condition: Condition, _ connection: BrokerConnection, _ subscriptionID: UInt32
     ) async throws(StoreBrokerError) -> UInt64 {
@@ -554,14 +554,9 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
             mirror.quietWrites[mirror.nextQuietWrite] = write
             return mirror.nextQuietWrite
         }
-        let outcome: Result<CommitResult, StoreBrokerError>
-        do throws(StoreBrokerError) {
-            outcome = .success(try await connection.write(name, write.steps, condition: condition, quietFor: subscriptionID))
-        } catch {
-            outcome = .failure(error)
+        let result = try await connection.write(name, write.steps, condition: condition, quietFor: subscriptionID) {
+            [weak self] outcome in self?.applyAnswer(outcome, of: write, number: number)
         }
-        applyAnswer(outcome, of: write, number: number)
-        let result = try outcome.get()
         guard result.committed else { return result.sequence }
         try? await state.waitUntilReached("store \(name) to show a write", epoch: result.epoch, sequence: result.sequence)
         return result.sequence

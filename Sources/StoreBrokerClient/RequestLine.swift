@@ -20,6 +20,9 @@ final class RequestLine: Sendable {
     /// What a request is waiting with: resumed or completed on the event loop when its answer is read.
     enum Pending {
         case answer(BrokerConnection.Answer)
+        /// An answer that `seen` is told of on the event loop as it is read, in order with the pushes around it,
+        /// before the caller resumes (and of the failure, if there is no answer).
+        case answerSeen(BrokerConnection.Answer, BrokerConnection.AnswerSeen)
         case request(EventLoopPromise<ServerMessage>)
         case subscribe(EventLoopPromise<BrokerSubscription>)
         case subscribeDirect(EventLoopPromise<UInt32>, any PushReceiver)

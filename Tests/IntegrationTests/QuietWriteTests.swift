@@ -1,4 +1,5 @@
 import Foundation
+@testable import StoreBrokerClient
 import TestSupport
 import Testing
 import Wire
@@ -89,6 +90,61 @@ extension Integration {
                     }
                     #expect(pushed[notes] == [result.sequence], "naming subscription \(named): the write is a plain one")
                 }
+            }
+        }
+
+        /// A broker from before `quietChain` answers it `unknownMessageType`: a `RemoteStore` then writes plainly
+        /// on that connection (asking once), its commits come back as pushes, and it still takes what it wrote as
+        /// written (the JSON here drops a field). The broker is a script.
+        @Test func aBrokerWithoutQuietChainGetsPlainWritesAndTheMirrorStillKeepsWhatItWrote() async throws {
+            struct Draft: Codable, Sendable, Identifiable {
+                var id: String
+                var unsaved = 0
+                enum CodingKeys: String, CodingKey { case id }
+            }
+            final class Count: @unchecked Sendable {
+                private let lock = NSLock()
+                private var count = 0
+                func add() { lock.withLock { count += 1 } }
+                var value: Int { lock.withLock { count } }
+            }
+            let quietChains = Count()
+            try await withTemporaryDirectory(prefix: "quiet-old") { directory in
+                let old = try FakeBroker(
+                    socketPath: directory + "/old.sock",
+                    behaviour: .script { peer in
+                        var sequence: UInt64 = 0
+                        while let (id, message) = try peer.nextRequest() {
+                            switch message {
+                            case .subscribe:
+                                try peer.send(.subscribed(.init(subscriptionID: 1)), id: id)
+                                try peer.send(.storeLoaded(.init(epoch: 0, sequence: 0, count: 0, elements: [])), id: 1)
+                            case .quietChain:
+                                quietChains.add()
+                                try peer.send(.error(.init(code: .unknownMessageType, message: "unknown type 0x24")), id: id)
+                            case .insert(let insert):
+                                sequence += 1
+                                let records = insert.items.map {
+                                    ItemRecord(id: $0.id, createdAt: 1, updatedAt: 1, payload: $0.payload)
+                                }
+                                try peer.send(.storeEvent(.init(epoch: 7, sequence: sequence, elements: [.insert(records: records)])), id: 1)
+                                try peer.send(.writeResult(.init(committed: true, epoch: 7, sequence: sequence)), id: id)
+                            default:
+                                try peer.send(.error(.init(code: .invalidRequest, message: "not scripted")), id: id)
+                            }
+                        }
+                    })
+                defer { old.stop() }
+                let client = BrokerClient(socketPath: old.socketPath)
+                let store = try await RemoteStore<Draft>(client: client, loading: "drafts")
+                try await store.insert(Draft(id: "a", unsaved: 1))
+                try await store.insert(Draft(id: "b", unsaved: 2))
+                #expect(store.items.map(\.unsaved) == [1, 2])
+                #expect(store.sequence == 2)
+                #expect(quietChains.value == 1, "asked once per connection")
+                #expect(store.writesAppliedFromAnswers == 0)
+                store.close()
+                await client.close()
             }
         }
 
