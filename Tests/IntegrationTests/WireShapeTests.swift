@@ -6,10 +6,11 @@ import Wire
 extension Integration {
     /// How answers leave the daemon: what one write carries, in what order.
     @Suite struct WireShape {
-        /// A client that follows a store and writes to it (a Swift `RemoteStore`) waits for its write's answer
-        /// and for the write's event in its own subscription. Both come from one commit, so they leave in one
-        /// write, the event first: one wake-up of the client, and a mirror that already shows the write when
-        /// its answer arrives. (Before: the memory engine's answer left alone and the event in a second write.)
+        /// A client that follows a store and writes to it plainly (not `quietChain`, which a Swift `RemoteStore`
+        /// now sends) waits for its write's answer and for the write's event in its own subscription. Both come
+        /// from one commit, so they leave in one write, the event first: one wake-up of the client, and a mirror
+        /// that already shows the write when its answer arrives. (Before: the memory engine's answer left alone
+        /// and the event in a second write.)
         @Test(arguments: ["memory", "sqlite"])
         func aCommitsEventAndItsAnswerLeaveInOneWriteEventFirst(engine: String) async throws {
             try await Daemon.with(arguments: ["--engine", engine]) { daemon in
