@@ -165,7 +165,7 @@ if [ "$mode" = full ]; then
             "$sanitizer" "$filter" "$summary" "$findings" "$([ "$status" -eq 0 ] && [ "$findings" -eq 0 ] && echo true || echo false)"
         [ "$status" -eq 0 ] && [ "$findings" -eq 0 ]
     }
-    suites="IntegrationTests|BrokerCoreTests|BrokerServerTests|WireTests"
+    suites="IntegrationTests|BrokerCoreTests|BrokerServerTests|WireTests|ClientTests"
     step "AddressSanitizer" sanitized asan address "$suites"
     step "ThreadSanitizer" sanitized tsan thread "$suites"
 fi
