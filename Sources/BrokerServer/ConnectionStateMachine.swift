@@ -598,16 +598,11 @@ struct ConnectionStateMachine {
             if command.isWrite { openWrites.append(slot) } else { awaitingStart = slot }
             emit(.start(slot: slot, command: command, subscription: subscription))
         case .quietWrite(let subscriptionID, let command):
-            // Silences only a subscription of this connection that follows the store written; any other id (one
-            // that lagged and was forgotten, of a value, of another store) leaves a plain write: nothing is lost.
-            var silenced: Subscription?
-            if let subscription = subscriptions[subscriptionID], let target = command.target,
-                subscription.namespace == target.namespace, subscription.name == target.name
-            {
-                silenced = subscription
-            }
+            // Only a subscription of this connection is named; the broker silences it only if it follows the store
+            // written (`BrokerRequest.subscription`). An unknown id (one that lagged and was forgotten) names none:
+            // a plain write, nothing is lost.
             openWrites.append(slot)
-            emit(.start(slot: slot, command: command, subscription: silenced))
+            emit(.start(slot: slot, command: command, subscription: subscriptions[subscriptionID]))
         case .unsubscribe(let subscriptionID):
             if let subscription = subscriptions.removeValue(forKey: subscriptionID) {
                 quota.give()
