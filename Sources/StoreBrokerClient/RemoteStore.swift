@@ -106,52 +106,59 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
                     }
                     next += records.count
                 case .remove(let ids):
-                    remove(ids.map(\.string), at: event.sequence, streamed: streamed, into: &events)
+                    remove(ids.lazy.map(\.string), at: event.sequence, streamed: streamed, into: &events)
                 }
             }
             moved(to: event.epoch, event.sequence)
         }
 
-        /// Applies a write of this process committed at (`epoch`, `sequence`) as the broker applied it: an insert
-        /// step holds each id once, where it first occurs, with its last value (as the commit's event would).
+        /// Applies a write of this process committed at (`epoch`, `sequence`) as the broker applied it, and tells
+        /// the streams what its event would have: an insert step holds each id once, where it first occurs, with
+        /// its last value; adjacent steps of one kind are one (inserts only when no id repeats); a remove that
+        /// removed nothing is left out.
         mutating func apply(
             _ write: OwnWrite, at epoch: UInt64, _ sequence: UInt64, into events: inout [StoreEvent<Item>]
         ) {
-            let streamed = !streams.isEmpty
+            var told = EventSteps(streamed: !streams.isEmpty)
             var next = 0  // the first value of the next insert step in `write.values`
             for step in write.steps {
                 switch step {
-                case .insert(let items) where items.count == 1:
-                    table.put(items[0].id.string, write.values[next])
-                    if streamed { events.append(StoreEvent(operation: .insert, items: [write.values[next]], sequence: sequence)) }
+                case .insert(let items) where items.count == 1:  // most writes: no table to find repeats in
+                    let id = items[0].id.string
+                    table.put(id, write.values[next])
+                    if told.streamed { told.add(.insert, [id], [write.values[next]]) }
                     next += 1
                 case .insert(let items):
                     var once = OrderedTable<String, Item>()
                     for index in items.indices { once.put(items[index].id.string, write.values[next + index]) }
                     next += items.count
+                    var ids: [String] = []
                     var inserted: [Item] = []
                     once.forEach { id, item in
                         table.put(id, item)
-                        if streamed { inserted.append(item) }
+                        if told.streamed {
+                            ids.append(id)
+                            inserted.append(item)
+                        }
                         return true
                     }
-                    if streamed { events.append(StoreEvent(operation: .insert, items: inserted, sequence: sequence)) }
+                    told.add(.insert, ids, inserted)
                 case .remove(let ids):
-                    remove(ids.map(\.string), at: sequence, streamed: streamed, into: &events)
+                    var removed: [Item] = []
+                    for id in ids { if let item = table.remove(id.string) { removed.append(item) } }
+                    told.add(.remove, [], removed)
                 case .removeAll:
-                    var ids: [String] = []
-                    table.forEach { id, _ in
-                        ids.append(id)
-                        return true
-                    }
-                    remove(ids, at: sequence, streamed: streamed, into: &events)
+                    array = nil  // the steps before may have changed the table
+                    if told.streamed { told.add(.remove, [], items()) }
+                    table = OrderedTable()
                 }
             }
+            told.end(at: sequence, into: &events)
             moved(to: epoch, sequence)
         }
 
         private mutating func remove(
-            _ ids: [String], at sequence: UInt64, streamed: Bool, into events: inout [StoreEvent<Item>]
+            _ ids: some Sequence<String>, at sequence: UInt64, streamed: Bool, into events: inout [StoreEvent<Item>]
         ) {
             var removed: [Item] = []
             for id in ids { if let item = table.remove(id) { removed.append(item) } }
@@ -464,8 +471,9 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     // MARK: Writing
 
-    /// Items of writes in flight the mirror holds as written (for tests: 0 once every write is shown).
-    var writesInFlight: Int { written.count }
+    /// Writes in flight the mirror holds as written: payloads of plain writes, quiet writes (for tests: 0 once
+    /// every write is shown).
+    var writesInFlight: Int { written.count + state.withLock { $0.quietWrites.count } }
 
     /// Writes of this process the mirror applied from their answers, their commits not pushed back (for tests).
     var writesAppliedFromAnswers: Int { state.withLock { $0.appliedFromAnswers } }
@@ -481,6 +489,44 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
             return StoreModel.Item(id: ItemID(identifier(item)), payload: try coding.encode(item))
         } catch {
             throw StoreBrokerError(.cannotEncode, "an item for store \(name) cannot be encoded: \(error)", underlying: error)
+        }
+    }
+
+    /// The stream events of one commit applied from its answer, made as the broker makes its event's steps
+    /// (`WritePlanner`): adjacent steps of one kind joined, an insert only when none of its ids repeats, and
+    /// empty removes left out.
+    private struct EventSteps {
+        let streamed: Bool
+        private var operation: StoreEvent<Item>.Operation?
+        private var items: [Item] = []
+        private var ids: Set<String> = []
+        private var made: [StoreEvent<Item>] = []
+
+        init(streamed: Bool) { self.streamed = streamed }
+
+        /// A step's items (and, for an insert, their ids).
+        mutating func add(_ kind: StoreEvent<Item>.Operation, _ stepIDs: [String], _ stepItems: [Item]) {
+            guard streamed, !stepItems.isEmpty else { return }
+            if kind == operation, kind == .remove || stepIDs.allSatisfy({ !ids.contains($0) }) {
+                items += stepItems
+                ids.formUnion(stepIDs)
+                return
+            }
+            flush()
+            operation = kind
+            items = stepItems
+            ids = Set(stepIDs)
+        }
+
+        mutating func end(at sequence: UInt64, into events: inout [StoreEvent<Item>]) {
+            flush()
+            for index in made.indices { made[index].sequence = sequence }
+            events += made
+        }
+
+        private mutating func flush() {
+            if let operation { made.append(StoreEvent(operation: operation, items: items, sequence: 0)) }
+            operation = nil
         }
     }
 
@@ -536,7 +582,11 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         written.note(payloads, values)
         defer { written.forget(payloads) }
         let operation = WriteOperation(steps: steps) ?? .chain([])
-        let result = try await connection.write(name, operation, condition: condition)
+        return await shown(try await connection.write(name, operation, condition: condition))
+    }
+
+    /// The store's sequence after a write, once the mirror shows it (or has stopped, or lost the broker).
+    private func shown(_ result: CommitResult) async -> UInt64 {
         guard result.committed else { return result.sequence }
         try? await state.waitUntilReached("store \(name) to show a write", epoch: result.epoch, sequence: result.sequence)
         return result.sequence
@@ -557,9 +607,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         let result = try await connection.write(name, write.steps, condition: condition, quietFor: subscriptionID) {
             [weak self] outcome in self?.applyAnswer(outcome, of: write, number: number)
         }
-        guard result.committed else { return result.sequence }
-        try? await state.waitUntilReached("store \(name) to show a write", epoch: result.epoch, sequence: result.sequence)
-        return result.sequence
+        return await shown(result)
     }
 
     /// Inserts an item, or replaces the one with its id in place. With `expecting`, only if the store's

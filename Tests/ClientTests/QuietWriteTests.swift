@@ -25,6 +25,35 @@ import Wire
         }
     }
 
+    /// The writer's own streams tell a quiet write's commit step for step as every other process's do (the
+    /// broker's event merges adjacent steps of one kind and leaves out removes of ids that are not there).
+    @Test func theWritersStreamsTellItsCommitsAsOtherProcessesSeeThem() async throws {
+        try await withTemporaryBroker { client in
+            let writer = try await RemoteStore<Note>(client: client, loading: "notes")
+            let reader = try await RemoteStore<Note>(client: BrokerClient(socketPath: client.socketPath), loading: "notes")
+            let logs = [writer, reader].map { store in
+                let lines = Collected<String>()
+                let task = Task {
+                    for await event in store.events where event.operation == .insert || event.operation == .remove {
+                        lines.append("\(event.sequence) \(event.operation):\(event.items.map(\.id).joined(separator: ","))")
+                    }
+                }
+                return (lines, task)
+            }
+            let a = Note(id: "a", text: "a"), b = Note(id: "b", text: "b"), c = Note(id: "c", text: "c")
+            try await writer.insert([a, b, c])
+            try await writer.chain().remove(a).remove(b).remove(id: "absent").insert(a).insert(b).run()
+            try await writer.chain().insert(c).insert(Note(id: "c", text: "again")).removeAll().removeAll().run()
+            try await writer.chain().remove(id: "absent").insert(a).run()
+            try await reader.waitUntilSeen(sequence: writer.sequence)
+            #expect(await logs[1].0.waitFor(count: 7))
+            try? await Task.sleep(for: .milliseconds(50))
+            #expect(logs[0].0.all == logs[1].0.all)
+            for (_, task) in logs { task.cancel() }
+            await reader.client.close()
+        }
+    }
+
     /// A quiet write the broker pushes back all the same (its subscription was being replaced: here, a name the
     /// broker does not know) is taken as written, not decoded: `Draft`'s JSON leaves `unsaved` out.
     @Test func aQuietWritePushedBackIsTakenAsWritten() async throws {
