@@ -33,8 +33,9 @@ import Wire
             let reader = try await RemoteStore<Note>(client: BrokerClient(socketPath: client.socketPath), loading: "notes")
             let logs = [writer, reader].map { store in
                 let lines = Collected<String>()
+                let events = store.events  // made here, before the writes: a task may start after them
                 let task = Task {
-                    for await event in store.events where event.operation == .insert || event.operation == .remove {
+                    for await event in events where event.operation == .insert || event.operation == .remove {
                         lines.append("\(event.sequence) \(event.operation):\(event.items.map(\.id).joined(separator: ","))")
                     }
                 }
@@ -47,7 +48,7 @@ import Wire
             try await writer.chain().remove(id: "absent").insert(a).run()
             try await reader.waitUntilSeen(sequence: writer.sequence)
             #expect(await logs[1].0.waitFor(count: 7))
-            try? await Task.sleep(for: .milliseconds(50))
+            #expect(await logs[0].0.waitFor(count: logs[1].0.all.count))
             #expect(logs[0].0.all == logs[1].0.all)
             for (_, task) in logs { task.cancel() }
             await reader.client.close()
@@ -77,8 +78,9 @@ import Wire
             let second = try await RemoteStore<Note>(client: BrokerClient(socketPath: client.socketPath), loading: "shared")
             let logs = [first, second].map { store in
                 let sequences = Collected<UInt64>()
+                let events = store.events  // made here, before the writes: a task may start after them
                 let task = Task {
-                    for await event in store.events where event.operation == .insert || event.operation == .remove {
+                    for await event in events where event.operation == .insert || event.operation == .remove {
                         sequences.append(event.sequence)
                     }
                 }
