@@ -604,7 +604,10 @@ def machine():
                     break
     except OSError:
         pass
-    redis = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
+    try:
+        redis = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
+    except FileNotFoundError:  # --only steps without Redis, run before bench-side-by-side.sh installed it
+        redis = "no redis-server"
     return f"{os.cpu_count()} cores, {cpu}, Linux {platform.release()}; {redis.split(' sha=')[0]}"
 
 

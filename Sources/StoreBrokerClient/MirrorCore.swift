@@ -312,8 +312,10 @@ struct MirrorCoding: Sendable {
         encoder.outputFormatting = [.sortedKeys]
     }
 
+    /// The value's JSON: `PayloadJSON`'s, or `JSONEncoder`'s (the same bytes) where that one leaves it.
     func encode(_ value: some Encodable) throws -> Payload {
-        Payload(ByteBuffer(bytes: try encoder.encode(value)))
+        if let bytes = PayloadJSON.encode(value) { return Payload(ByteBuffer(bytes: bytes)) }
+        return Payload(ByteBuffer(bytes: try encoder.encode(value)))
     }
 
     func decode<Value: Decodable>(_ type: Value.Type, from payload: Payload) throws -> Value {

@@ -519,6 +519,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         }
 
         mutating func end(at sequence: UInt64, into events: inout [StoreEvent<Item>]) {
+            guard streamed else { return }  // no stream: nothing was gathered (and nothing costs a thing)
             flush()
             for index in made.indices { made[index].sequence = sequence }
             events += made
