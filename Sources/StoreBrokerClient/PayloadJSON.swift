@@ -96,24 +96,30 @@ private final class PayloadJSONWriter: Encoder {
         } else if T.self == URL.self {
             string((value as! URL).absoluteString)
         } else if T.self == Decimal.self {
-            throw Unsupported()
+            throw unsupported()
         } else {
             let (outerState, outerBase) = (state, base)
             state = .due
             base = frames.count
             defer { (state, base) = (outerState, outerBase) }
-            try value.encode(to: self)
+            do {
+                try value.encode(to: self)
+            } catch {
+                // Even if the value's caller catches it, what this value wrote so far stays: left to JSONEncoder.
+                failed = true
+                throw error
+            }
             switch state {
             case .due:
                 // Nothing encoded: JSONEncoder writes `{}` inside a container, and throws at the top.
-                guard !frames.isEmpty else { throw Unsupported() }
+                guard !frames.isEmpty else { throw unsupported() }
                 bytes.append(contentsOf: [UInt8(ascii: "{"), UInt8(ascii: "}")])
             case .single(written: false):
-                throw Unsupported()
+                throw unsupported()
             case .container, .single(written: true):
                 break
             }
-            guard !failed, closeFrames(downTo: base) else { throw Unsupported() }
+            guard !failed, closeFrames(downTo: base) else { throw unsupported() }
         }
     }
 
@@ -167,7 +173,7 @@ private final class PayloadJSONWriter: Encoder {
     }
 
     func float<F: BinaryFloatingPoint & LosslessStringConvertible>(_ value: F) throws {
-        guard value.isFinite else { throw Unsupported() }  // JSONEncoder throws its own error
+        guard value.isFinite else { throw unsupported() }  // JSONEncoder throws its own error
         var text = value.description
         if text.hasSuffix(".0") { text.removeLast(2) }
         bytes.append(contentsOf: text.utf8)
@@ -225,10 +231,7 @@ private final class PayloadJSONWriter: Encoder {
     private func select(_ id: Int) throws -> Int {
         guard !failed, let index = frames.lastIndex(where: { $0.id == id }), index >= base,
             closeFrames(downTo: index + 1)
-        else {
-            failed = true
-            throw Unsupported()
-        }
+        else { throw unsupported() }
         return index
     }
 
@@ -266,6 +269,13 @@ private final class PayloadJSONWriter: Encoder {
     func enter(_ key: any CodingKey) { codingPath.append(key) }
 
     func fail() { failed = true }
+
+    /// The error for a use left to JSONEncoder; the writer fails whether or not the caller catches it (what it
+    /// wrote before the throw stays in `bytes`).
+    private func unsupported() -> Unsupported {
+        failed = true
+        return Unsupported()
+    }
 
     /// Closes the frames from `depth` up: brackets written, a keyed frame's entries put in key order. False when
     /// a key was given twice.
@@ -308,10 +318,7 @@ private final class PayloadJSONWriter: Encoder {
 
     /// A single value container's value: at most one per value.
     func single() throws {
-        guard case .single(written: false) = state, !failed else {
-            failed = true
-            throw Unsupported()
-        }
+        guard case .single(written: false) = state, !failed else { throw unsupported() }
         state = .single(written: true)
     }
 

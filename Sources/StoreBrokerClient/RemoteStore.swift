@@ -31,7 +31,7 @@ public struct StoreEvent<Item: Sendable>: Sendable {
 ///
 /// `items` is a local mirror kept current by a subscription; writes go to the broker, which is their only
 /// writer, and return once the mirror has caught up with them, so a process reads its own writes. Items are
-/// JSON (`JSONEncoder`); `cacheIdentifier` gives each its id. The mirror keeps the items this process wrote as
+/// JSON (`JSONEncoder`'s bytes, see `PayloadJSON`); `cacheIdentifier` gives each its id. The mirror keeps the items this process wrote as
 /// they were written (their commit is not decoded back); other processes' items are decoded. `items`,
 /// `loadState` and `sequence` are observable (the Observation framework: `withObservationTracking`, SwiftUI).
 ///

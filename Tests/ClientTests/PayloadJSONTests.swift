@@ -187,6 +187,17 @@ import Wire
         func encode(to encoder: any Encoder) throws { throw Refused() }
     }
 
+    /// Catches what its fields throw (JSONEncoder then leaves the key out; a stream has written it already).
+    struct Forgiving: Encodable {
+        enum CodingKeys: String, CodingKey { case a, b, c }
+        func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(1, forKey: .a)
+            try? container.encode(Double.nan, forKey: .b)
+            try? container.encode(Throws(), forKey: .c)
+        }
+    }
+
     struct Silent: Encodable {
         func encode(to encoder: any Encoder) throws {}
     }
@@ -204,6 +215,7 @@ import Wire
         leftToFoundation(["infinity": Float.infinity])
         leftToFoundation(Throws())
         leftToFoundation(Silent())
+        leftToFoundation(Forgiving())
         leftToFoundation([Interleaved()])
     }
 
