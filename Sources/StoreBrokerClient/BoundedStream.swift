@@ -35,12 +35,12 @@ public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, S
     }
 
     /// The producer's side.
-    struct Feed: Sendable {
+    @usableFromInline struct Feed: Sendable {
         fileprivate let storage: Storage
 
         /// Adds an element; `false` (and nothing added) when the buffer is full.
         @discardableResult
-        func yield(_ element: Element) -> Bool { storage.push(element) }
+        @usableFromInline func yield(_ element: Element) -> Bool { storage.push(element) }
 
         /// Adds an element once the buffer has room (backpressure for a relay); `false` when the stream is over.
         func send(_ element: Element) async -> Bool { await storage.send(element) }

@@ -128,6 +128,7 @@ extension BrokerConnection {
     /// the event loop, in order with the subscription's pushes; told of a failure too, once). Throws what
     /// `isQuietChainRefusal` recognizes when the broker does not know `quietChain` (it is then not tried again on
     /// this connection) or the write fits a frame only without its 4 more bytes: send the plain write then.
+    @usableFromInline
     package func write(
         _ store: String, _ steps: [ChainStep], condition: Condition, quietFor subscriptionID: UInt32,
         seen: @escaping @Sendable (Result<CommitResult, StoreBrokerError>) -> Void
@@ -146,6 +147,7 @@ extension BrokerConnection {
 
     /// Whether a write was refused for being a `quietChain` (see `write(_:_:condition:quietFor:seen:)`), and goes
     /// plain instead.
+    @usableFromInline
     package static func isQuietChainRefusal(_ error: StoreBrokerError) -> Bool {
         (error.kind == .refused && error.code == .unknownMessageType)
             || (error.kind == .protocolViolation && error.code == .frameTooLarge)

@@ -22,7 +22,7 @@ public final class BrokerConnection: Sendable {
     /// Whether a caller off the event loop writes its request itself (no timeout to arm on the loop).
     private let writesDirectly: Bool
     /// The broker answered a `quietChain` with `unknownMessageType` (it is older): writes go plain.
-    let quietChainUnknown = Locked(false)
+    @usableFromInline let quietChainUnknown = Locked(false)
 
     private init(
         welcome: ServerMessage.Welcome, channel: any Channel, handler: NIOLoopBound<ClientHandler>, pushBuffer: Int,

@@ -145,8 +145,9 @@ final class DirectSubscription: PushReceiver {
 
 /// The callers waiting on a mirror: for its first load, or until it has seen a position. Each waits under a
 /// key, so that cancelling its task takes it out.
+@usableFromInline
 struct MirrorWaiters {
-    typealias Continuation = CheckedContinuation<Result<Void, StoreBrokerError>, Never>
+    @usableFromInline typealias Continuation = CheckedContinuation<Result<Void, StoreBrokerError>, Never>
 
     private var loads: [UInt64: Continuation] = [:]
     private var positions: [UInt64: (epoch: UInt64?, sequence: UInt64, continuation: Continuation)] = [:]
@@ -184,7 +185,7 @@ struct MirrorWaiters {
     }
 
     /// The waiters the mirror's new position releases.
-    mutating func advance(to mirror: (epoch: UInt64, sequence: UInt64)) -> [Continuation] {
+    @usableFromInline mutating func advance(to mirror: (epoch: UInt64, sequence: UInt64)) -> [Continuation] {
         seen.insert(mirror.epoch)
         var released: [Continuation] = []
         for (key, entry) in positions where isReached(epoch: entry.epoch, sequence: entry.sequence, mirror: mirror) {
@@ -205,6 +206,7 @@ struct MirrorWaiters {
 }
 
 /// The part of a mirror's locked state (a store's, a value's) that loading, waiting and stopping share.
+@usableFromInline
 protocol MirrorState {
     associatedtype Update: Sendable
     var phase: LoadState<Void> { get set }
@@ -215,7 +217,7 @@ protocol MirrorState {
 }
 
 extension MirrorState {
-    var position: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
+    @inlinable var position: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
     var isLoaded: Bool { if case .value = phase { true } else { false } }
     var isStopped: Bool {
         if case .error(let error) = phase { return !(error.isUnavailable || error.kind == .timedOut) }
@@ -261,7 +263,7 @@ extension Locked where Value: MirrorState {
 
     /// Returns once the mirror holds the commit at (epoch, sequence) (any epoch when `epoch` is nil); throws
     /// when the mirror stops or loses the broker first.
-    func waitUntilReached(_ what: @autoclosure () -> String, epoch: UInt64?, sequence: UInt64) async throws(StoreBrokerError) {
+    @usableFromInline func waitUntilReached(_ what: @autoclosure () -> String, epoch: UInt64?, sequence: UInt64) async throws(StoreBrokerError) {
         // Usually already there (a write's answer is resumed after the pushes its read brought): no suspension.
         let reached = withLock { state in
             state.isLoaded && state.waiters.isReached(epoch: epoch, sequence: sequence, mirror: state.position)
@@ -303,6 +305,7 @@ extension Locked where Value: MirrorState {
 /// JSON for a mirror's items or value, with one encoder and one decoder per mirror (a new pair per call showed in
 /// profiles of `RemoteStore.insert`). Keys are sorted, so equal values are equal bytes; a payload is decoded in
 /// place, not copied into a `Data` first.
+@usableFromInline
 struct MirrorCoding: Sendable {
     private let encoder: JSONEncoder
     private let decoder = JSONDecoder()
@@ -313,7 +316,7 @@ struct MirrorCoding: Sendable {
     }
 
     /// The value's JSON: `PayloadJSON`'s, or `JSONEncoder`'s (the same bytes) where that one leaves it.
-    func encode(_ value: some Encodable) throws -> Payload {
+    @usableFromInline func encode(_ value: some Encodable) throws -> Payload {
         if let bytes = PayloadJSON.encode(value) { return Payload(ByteBuffer(bytes: bytes)) }
         return Payload(ByteBuffer(bytes: try encoder.encode(value)))
     }
@@ -331,6 +334,7 @@ struct MirrorCoding: Sendable {
 /// write: when the broker's event brings those bytes back, the mirror takes the value instead of decoding it
 /// (JSON decoding was a tenth of the client's CPU per `RemoteStore.insert`). Equal bytes decode to an equal
 /// value, so a match is exact; a miss (another process's write) decodes as before.
+@usableFromInline
 final class WrittenValues<Value: Sendable>: Sendable {
     fileprivate struct Entry {
         var value: Value
@@ -340,7 +344,7 @@ final class WrittenValues<Value: Sendable>: Sendable {
     private let entries = Locked<[Payload: Entry]>([:])
 
     /// Holds each value, encoded as the payload at its index, until `forget(_:)` with the same payloads.
-    func note(_ payloads: [Payload], _ values: [Value]) {
+    @usableFromInline func note(_ payloads: [Payload], _ values: [Value]) {
         guard !payloads.isEmpty else { return }
         entries.withLock { entries in
             for index in payloads.indices {
@@ -349,7 +353,7 @@ final class WrittenValues<Value: Sendable>: Sendable {
         }
     }
 
-    func forget(_ payloads: [Payload]) {
+    @usableFromInline func forget(_ payloads: [Payload]) {
         guard !payloads.isEmpty else { return }
         entries.withLock { entries in
             for payload in payloads {

@@ -25,6 +25,12 @@ public struct StoreEvent<Item: Sendable>: Sendable {
     public var items: [Item]
     /// The broker's sequence of the commit (0 for `initialized`).
     public var sequence: UInt64
+
+    @usableFromInline init(operation: Operation, items: [Item], sequence: UInt64) {
+        self.operation = operation
+        self.items = items
+        self.sequence = sequence
+    }
 }
 
 /// A store of the broker as a Boutique-like `Store`, shared by every process that opens it.
@@ -44,55 +50,55 @@ public struct StoreEvent<Item: Sendable>: Sendable {
 public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     public let name: String
     public let client: BrokerClient
-    private let identifier: @Sendable (Item) -> String
-    private let state: Locked<Mirror>
+    @usableFromInline let identifier: @Sendable (Item) -> String
+    @usableFromInline let state: Locked<Mirror>
     private let follower = Locked<Task<Void, Never>?>(nil)
-    private let registrar = ObservationRegistrar()
-    private let coding = MirrorCoding()
-    private let written = WrittenValues<Item>()
+    @usableFromInline let registrar = ObservationRegistrar()
+    @usableFromInline let coding = MirrorCoding()
+    @usableFromInline let written = WrittenValues<Item>()
     /// The follower's subscription now (its connection and id), which this process's writes on that connection
     /// name so that their commits are not pushed back to it (`quietChain`): the mirror applies them itself.
-    private let quietRoute = Locked<(connection: BrokerConnection, id: UInt32)?>(nil)
+    @usableFromInline let quietRoute = Locked<(connection: BrokerConnection, id: UInt32)?>(nil)
     // The observed properties' key paths, made once: a key path into a generic class is instantiated at run
     // time (its pattern demangled) each time the expression runs, 13% of the client's time per insert when the
     // mirror made them per event.
-    private let itemsKey: KeyPath<RemoteStore, [Item]> & Sendable = \.items
-    private let sequenceKey: KeyPath<RemoteStore, UInt64> & Sendable = \.sequence
-    private let loadStateKey: KeyPath<RemoteStore, LoadState<[Item]>> & Sendable = \.loadState
+    @usableFromInline let itemsKey: KeyPath<RemoteStore, [Item]> & Sendable = \.items
+    @usableFromInline let sequenceKey: KeyPath<RemoteStore, UInt64> & Sendable = \.sequence
+    @usableFromInline let loadStateKey: KeyPath<RemoteStore, LoadState<[Item]>> & Sendable = \.loadState
 
-    private struct Mirror: MirrorState, @unchecked Sendable {  // OrderedTable of Sendable items, under the lock
-        var table = OrderedTable<String, Item>()
+    @usableFromInline struct Mirror: MirrorState, @unchecked Sendable {  // OrderedTable of Sendable items, under the lock
+        @usableFromInline var table = OrderedTable<String, Item>()
         /// `table` as an array, made when first asked for after a change (so an event costs what it changes).
-        var array: [Item]?
-        var phase: LoadState<Void> = .idle
-        var epoch: UInt64 = 0
-        var sequence: UInt64 = 0
-        var waiters = MirrorWaiters()
-        var streams: [UInt64: BoundedStream<StoreEvent<Item>, Never>.Feed] = [:]
-        var nextStream: UInt64 = 0
+        @usableFromInline var array: [Item]?
+        @usableFromInline var phase: LoadState<Void> = .idle
+        @usableFromInline var epoch: UInt64 = 0
+        @usableFromInline var sequence: UInt64 = 0
+        @usableFromInline var waiters = MirrorWaiters()
+        @usableFromInline var streams: [UInt64: BoundedStream<StoreEvent<Item>, Never>.Feed] = [:]
+        @usableFromInline var nextStream: UInt64 = 0
         /// Writes of this process sent quietly and not answered yet, by a number of their own. While there are,
         /// an event that skips a sequence waits in `heldEvents`: the sequence skipped is such a write's, applied
         /// from its answer. (The broker writes a commit group's pushes before its answers, so another process's
         /// commit right after this one's can arrive first.)
-        var quietWrites: [UInt64: OwnWrite] = [:]
-        var nextQuietWrite: UInt64 = 0
+        @usableFromInline var quietWrites: [UInt64: OwnWrite] = [:]
+        @usableFromInline var nextQuietWrite: UInt64 = 0
         /// Events that arrived before the quiet writes they follow, by sequence.
-        var heldEvents: [UInt64: (event: Commit, decoded: [Item])] = [:]
+        @usableFromInline var heldEvents: [UInt64: (event: Commit, decoded: [Item])] = [:]
         /// Quiet writes answered before the events they follow, by sequence.
-        var heldWrites: [UInt64: OwnWrite] = [:]
+        @usableFromInline var heldWrites: [UInt64: OwnWrite] = [:]
         /// Writes of this process applied from their answers (for tests).
-        var appliedFromAnswers = 0
+        @usableFromInline var appliedFromAnswers = 0
 
         /// Whether the commit at (`epoch`, `sequence`) comes right after what the mirror holds.
-        func isNext(_ epoch: UInt64, _ sequence: UInt64) -> Bool {
+        @inlinable func isNext(_ epoch: UInt64, _ sequence: UInt64) -> Bool {
             sequence == self.sequence + 1 && (epoch == self.epoch || self.sequence == 0)
         }
 
         /// Whether the mirror already holds the commit at (`epoch`, `sequence`).
-        func holds(_ epoch: UInt64, _ sequence: UInt64) -> Bool { epoch == self.epoch && sequence <= self.sequence }
+        @inlinable func holds(_ epoch: UInt64, _ sequence: UInt64) -> Bool { epoch == self.epoch && sequence <= self.sequence }
 
         /// Applies an event, its inserted items decoded (in step order); `events` gets what streams are told.
-        mutating func apply(_ event: Commit, decoded: [Item], into events: inout [StoreEvent<Item>]) {
+        @inlinable mutating func apply(_ event: Commit, decoded: [Item], into events: inout [StoreEvent<Item>]) {
             // Events are made only for the streams there are (a mirror nobody streams makes none).
             let streamed = !streams.isEmpty
             var next = 0  // the first item of the next insert step in `decoded`
@@ -116,7 +122,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         /// the streams what its event would have: an insert step holds each id once, where it first occurs, with
         /// its last value; adjacent steps of one kind are one (inserts only when no id repeats); a remove that
         /// removed nothing is left out.
-        mutating func apply(
+        @inlinable mutating func apply(
             _ write: OwnWrite, at epoch: UInt64, _ sequence: UInt64, into events: inout [StoreEvent<Item>]
         ) {
             var told = EventSteps(streamed: !streams.isEmpty)
@@ -157,7 +163,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
             moved(to: epoch, sequence)
         }
 
-        private mutating func remove(
+        @inlinable mutating func remove(
             _ ids: some Sequence<String>, at sequence: UInt64, streamed: Bool, into events: inout [StoreEvent<Item>]
         ) {
             var removed: [Item] = []
@@ -165,14 +171,14 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
             if streamed { events.append(StoreEvent(operation: .remove, items: removed, sequence: sequence)) }
         }
 
-        private mutating func moved(to epoch: UInt64, _ sequence: UInt64) {
+        @inlinable mutating func moved(to epoch: UInt64, _ sequence: UInt64) {
             array = nil
             self.epoch = epoch
             self.sequence = sequence
         }
 
         /// Applies what was held and now comes next, in sequence order, and forgets what the mirror holds already.
-        mutating func applyHeld(into events: inout [StoreEvent<Item>]) {
+        @inlinable mutating func applyHeld(into events: inout [StoreEvent<Item>]) {
             guard !heldEvents.isEmpty || !heldWrites.isEmpty else { return }
             while true {
                 let wanted = sequence + 1
@@ -189,7 +195,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
             heldWrites = heldWrites.filter { !holds($0.value.epoch, $0.key) }
         }
 
-        mutating func items() -> [Item] {
+        @inlinable mutating func items() -> [Item] {
             if let array { return array }
             var out: [Item] = []
             out.reserveCapacity(table.count)
@@ -413,7 +419,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// A quiet write's answer, on the connection's event loop as it is read (where pushes are applied, so the
     /// streams are told in commit order): its commit applied to the mirror, or held until the commits before it
     /// have arrived; the streams told and the waiters released.
-    private func applyAnswer(_ outcome: Result<CommitResult, StoreBrokerError>, of write: OwnWrite, number: UInt64) {
+    @inlinable func applyAnswer(_ outcome: Result<CommitResult, StoreBrokerError>, of write: OwnWrite, number: UInt64) {
         var events: [StoreEvent<Item>] = []
         var released: [MirrorWaiters.Continuation] = []
         var streams: [BoundedStream<StoreEvent<Item>, Never>.Feed] = []
@@ -439,7 +445,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     }
 
     /// Gives each stream the events, in order (a stream too far behind lags).
-    private func tell(_ streams: [BoundedStream<StoreEvent<Item>, Never>.Feed], _ events: [StoreEvent<Item>]) {
+    @inlinable func tell(_ streams: [BoundedStream<StoreEvent<Item>, Never>.Feed], _ events: [StoreEvent<Item>]) {
         for feed in streams {
             for event in events where !feed.yield(event) {
                 lag(feed)
@@ -450,7 +456,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     /// A stream whose reader is `eventBuffer` events behind: what it has not read is replaced by `lagged` and
     /// the items as they are now (this commit included: no later event is in its place yet).
-    private func lag(_ feed: BoundedStream<StoreEvent<Item>, Never>.Feed) {
+    @usableFromInline func lag(_ feed: BoundedStream<StoreEvent<Item>, Never>.Feed) {
         let (items, at) = state.withLock { ($0.items(), $0.sequence) }
         feed.replaceUnread(with: [
             StoreEvent(operation: .lagged, items: [], sequence: at),
@@ -459,7 +465,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     }
 
     /// Changes the mirror under the lock, telling observers of `items` and `sequence` (and `loadState`).
-    private func mutate(loadState: Bool, _ change: (inout Mirror) -> Void) {
+    @inlinable func mutate(loadState: Bool, _ change: (inout Mirror) -> Void) {
         registrar.willSet(self, keyPath: itemsKey)
         registrar.willSet(self, keyPath: sequenceKey)
         if loadState { registrar.willSet(self, keyPath: loadStateKey) }
@@ -484,7 +490,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         quietRoute.withLock { route in route = route.map { ($0.connection, id) } }
     }
 
-    private func payload(_ item: Item) throws(StoreBrokerError) -> StoreModel.Item {
+    @inlinable func payload(_ item: Item) throws(StoreBrokerError) -> StoreModel.Item {
         do {
             return StoreModel.Item(id: ItemID(identifier(item)), payload: try coding.encode(item))
         } catch {
@@ -495,17 +501,17 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// The stream events of one commit applied from its answer, made as the broker makes its event's steps
     /// (`WritePlanner`): adjacent steps of one kind joined, an insert only when none of its ids repeats, and
     /// empty removes left out.
-    private struct EventSteps {
-        let streamed: Bool
-        private var operation: StoreEvent<Item>.Operation?
-        private var items: [Item] = []
-        private var ids: Set<String> = []
-        private var made: [StoreEvent<Item>] = []
+    @usableFromInline struct EventSteps {
+        @usableFromInline let streamed: Bool
+        @usableFromInline var operation: StoreEvent<Item>.Operation?
+        @usableFromInline var items: [Item] = []
+        @usableFromInline var ids: Set<String> = []
+        @usableFromInline var made: [StoreEvent<Item>] = []
 
-        init(streamed: Bool) { self.streamed = streamed }
+        @inlinable init(streamed: Bool) { self.streamed = streamed }
 
         /// A step's items (and, for an insert, their ids).
-        mutating func add(_ kind: StoreEvent<Item>.Operation, _ stepIDs: [String], _ stepItems: [Item]) {
+        @inlinable mutating func add(_ kind: StoreEvent<Item>.Operation, _ stepIDs: [String], _ stepItems: [Item]) {
             guard streamed, !stepItems.isEmpty else { return }
             if kind == operation, kind == .remove || stepIDs.allSatisfy({ !ids.contains($0) }) {
                 items += stepItems
@@ -518,25 +524,31 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
             ids = Set(stepIDs)
         }
 
-        mutating func end(at sequence: UInt64, into events: inout [StoreEvent<Item>]) {
+        @inlinable mutating func end(at sequence: UInt64, into events: inout [StoreEvent<Item>]) {
             guard streamed else { return }  // no stream: nothing was gathered (and nothing costs a thing)
             flush()
             for index in made.indices { made[index].sequence = sequence }
             events += made
         }
 
-        private mutating func flush() {
+        @inlinable mutating func flush() {
             if let operation { made.append(StoreEvent(operation: operation, items: items, sequence: 0)) }
             operation = nil
         }
     }
 
     /// A write of this process, as the mirror applies it from its answer.
-    private struct OwnWrite {
-        var epoch: UInt64
-        var steps: [ChainStep]
+    @usableFromInline struct OwnWrite: Sendable {
+        @usableFromInline var epoch: UInt64
+        @usableFromInline var steps: [ChainStep]
         /// The items of the insert steps, in their order.
-        var values: [Item]
+        @usableFromInline var values: [Item]
+
+        @inlinable init(epoch: UInt64, steps: [ChainStep], values: [Item]) {
+            self.epoch = epoch
+            self.steps = steps
+            self.values = values
+        }
 
         /// The value one of `writes` wrote as `record` (its id, then its very bytes), if any.
         static func value(for record: ItemRecord, in writes: [OwnWrite]) -> Item? {
@@ -561,7 +573,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// their order: the mirror takes them as they are, never decoding what it wrote. On the connection the
     /// mirror follows the store on, the write names that subscription (`quietChain`): the broker does not push
     /// the commit back, and the mirror applies the write itself, in sequence order with the other commits.
-    fileprivate func write(_ steps: [ChainStep], values: [Item], expecting: UInt64?) async throws(StoreBrokerError) -> UInt64 {
+    @inlinable func write(_ steps: [ChainStep], values: [Item], expecting: UInt64?) async throws(StoreBrokerError) -> UInt64 {
         guard !steps.isEmpty else { return sequence }
         let condition: Condition = expecting.map { .sequence($0) } ?? .unconditional
         let connection = try await client.connection()
@@ -587,7 +599,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     }
 
     /// The store's sequence after a write, once the mirror shows it (or has stopped, or lost the broker).
-    private func shown(_ result: CommitResult) async -> UInt64 {
+    @inlinable func shown(_ result: CommitResult) async -> UInt64 {
         guard result.committed else { return result.sequence }
         try? await state.waitUntilReached("store \(name) to show a write", epoch: result.epoch, sequence: result.sequence)
         return result.sequence
@@ -595,7 +607,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     /// `write` naming the mirror's subscription `subscriptionID` on `connection`: the answer's commit is applied
     /// on the event loop as the answer is read (`applyAnswer`), before this resumes.
-    private func quietWrite(
+    @inlinable func quietWrite(
         _ write: OwnWrite, _ condition: Condition, _ connection: BrokerConnection, _ subscriptionID: UInt32
     ) async throws(StoreBrokerError) -> UInt64 {
         // Kept in flight where an event that brings it back after all finds it (by id, then its bytes): no
@@ -615,6 +627,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// sequence is still that (else `refused` with code `conflict`: `error.isConflict`). Returns the store's
     /// sequence after the write.
     @discardableResult
+    @inlinable
     public func insert(_ item: Item, expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
         try await write([.insert(items: [try payload(item)])], values: [item], expecting: sequence)
     }
