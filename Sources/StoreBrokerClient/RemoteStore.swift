@@ -37,9 +37,10 @@ public struct StoreEvent<Item: Sendable>: Sendable {
 ///
 /// `items` is a local mirror kept current by a subscription; writes go to the broker, which is their only
 /// writer, and return once the mirror has caught up with them, so a process reads its own writes. Items are
-/// JSON (`JSONEncoder`'s bytes, see `PayloadJSON`); `cacheIdentifier` gives each its id. The mirror keeps the items this process wrote as
-/// they were written (their commit is not decoded back); other processes' items are decoded. `items`,
-/// `loadState` and `sequence` are observable (the Observation framework: `withObservationTracking`, SwiftUI).
+/// JSON (`JSONEncoder`'s bytes, see `PayloadJSON`); `cacheIdentifier` gives each its id. The mirror keeps the
+/// items this process wrote as they were written (their commit is not decoded back); other processes' items are
+/// decoded. `items`, `loadState` and `sequence` are observable (the Observation framework:
+/// `withObservationTracking`, SwiftUI).
 ///
 /// ```swift
 /// let notes = try await RemoteStore<Note>(client: client, loading: "notes")   // returns once loaded
@@ -50,6 +51,9 @@ public struct StoreEvent<Item: Sendable>: Sendable {
 public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     public let name: String
     public let client: BrokerClient
+    // The write path (`insert` down to the mirror's `apply`) is `@inlinable`, what it touches `@usableFromInline`:
+    // an app's `RemoteStore<Note>` is then specialized in the app's module, where unspecialized generic code spent
+    // a tenth of the client's time per insert looking up metadata (docs/BENCHMARKS.md, "The client's own work").
     @usableFromInline let identifier: @Sendable (Item) -> String
     @usableFromInline let state: Locked<Mirror>
     private let follower = Locked<Task<Void, Never>?>(nil)
