@@ -35,13 +35,16 @@ private struct IndexKey: CodingKey {
 private struct Unsupported: Error {}
 
 /// The writer behind `PayloadJSON`: one object for the whole value, its open containers on a stack.
+///
+/// Its state is not checked for exclusive access at run time (`@exclusivity(unchecked)`): one writer is used by
+/// one encoding on one thread, and the checks were a third of its time.
 private final class PayloadJSONWriter: Encoder {
-    var bytes: [UInt8] = []
-    var codingPath: [any CodingKey] = []
+    @exclusivity(unchecked) var bytes: [UInt8] = []
+    @exclusivity(unchecked) var codingPath: [any CodingKey] = []
     var userInfo: [CodingUserInfoKey: Any] { [:] }
 
     /// Set by a use left to JSONEncoder where no error can be thrown (`nestedContainer`, `superEncoder`).
-    private var failed = false
+    @exclusivity(unchecked) private var failed = false
 
     /// An open container: `{` or `[` written, its entries being written.
     private struct Frame {
@@ -64,9 +67,9 @@ private final class PayloadJSONWriter: Encoder {
         let start: Int
     }
 
-    private var frames: [Frame] = []
-    private var entries: [Entry] = []
-    private var nextID = 0
+    @exclusivity(unchecked) private var frames: [Frame] = []
+    @exclusivity(unchecked) private var entries: [Entry] = []
+    @exclusivity(unchecked) private var nextID = 0
 
     /// What the value being encoded asked for: nothing yet (a value is due at the end of `bytes`), a container
     /// (by frame id), or a single value (written or not).
@@ -76,9 +79,9 @@ private final class PayloadJSONWriter: Encoder {
         case single(written: Bool)
     }
 
-    private var state = ValueState.due
+    @exclusivity(unchecked) private var state = ValueState.due
     /// `frames.count` when the value being encoded began: the frames below belong to the values around it.
-    private var base = 0
+    @exclusivity(unchecked) private var base = 0
 
     init() { bytes.reserveCapacity(256) }
 
@@ -127,29 +130,55 @@ private final class PayloadJSONWriter: Encoder {
         bytes.append(UInt8(ascii: "\""))
         var text = text
         text.withUTF8 { utf8 in
+            guard let start = utf8.baseAddress else { return }
             var plain = 0  // the first byte not yet copied
-            for index in utf8.indices {
-                let byte = utf8[index]
-                guard byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") || byte == UInt8(ascii: "/")
-                else { continue }
-                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[plain..<index]))
-                plain = index + 1
-                bytes.append(UInt8(ascii: "\\"))
-                switch byte {
-                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): bytes.append(byte)
-                case 0x08: bytes.append(UInt8(ascii: "b"))
-                case 0x0C: bytes.append(UInt8(ascii: "f"))
-                case 0x0A: bytes.append(UInt8(ascii: "n"))
-                case 0x0D: bytes.append(UInt8(ascii: "r"))
-                case 0x09: bytes.append(UInt8(ascii: "t"))
-                default:
-                    let hex = Array("0123456789abcdef".utf8)
-                    bytes.append(contentsOf: [UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(byte >> 4)], hex[Int(byte & 0xF)]])
+            var index = 0
+            while index < utf8.count {
+                // Eight bytes at a time while none of them is escaped (most text).
+                if index + 8 <= utf8.count, !Self.anyEscaped(UnsafeRawPointer(start + index).loadUnaligned(as: UInt64.self)) {
+                    index += 8
+                    continue
+                }
+                let end = min(index + 8, utf8.count)
+                while index < end {
+                    let byte = utf8[index]
+                    if byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") || byte == UInt8(ascii: "/") {
+                        bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[plain..<index]))
+                        plain = index + 1
+                        escape(byte)
+                    }
+                    index += 1
                 }
             }
             bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[plain...]))
         }
         bytes.append(UInt8(ascii: "\""))
+    }
+
+    /// Whether any of the eight bytes in `word` is one JSON escapes here: below 0x20, `"`, `\` or `/` (bit tricks:
+    /// a byte below n, or equal to n, sets its top bit in these expressions; bytes of 0x80 and above set none).
+    private static func anyEscaped(_ word: UInt64) -> Bool {
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let highs: UInt64 = 0x8080_8080_8080_8080
+        func zero(_ x: UInt64) -> UInt64 { (x &- ones) & ~x & highs }
+        let below = (word &- ones &* 0x20) & ~word & highs
+        return below | zero(word ^ (ones &* 0x22)) | zero(word ^ (ones &* 0x5C)) | zero(word ^ (ones &* 0x2F)) != 0
+    }
+
+    /// `byte`'s escape: `\"`, `\\`, `\/`, a short one for some controls, `\u00xx` for the others.
+    private func escape(_ byte: UInt8) {
+        bytes.append(UInt8(ascii: "\\"))
+        switch byte {
+        case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): bytes.append(byte)
+        case 0x08: bytes.append(UInt8(ascii: "b"))
+        case 0x0C: bytes.append(UInt8(ascii: "f"))
+        case 0x0A: bytes.append(UInt8(ascii: "n"))
+        case 0x0D: bytes.append(UInt8(ascii: "r"))
+        case 0x09: bytes.append(UInt8(ascii: "t"))
+        default:
+            let hex = Array("0123456789abcdef".utf8)
+            bytes.append(contentsOf: [UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(byte >> 4)], hex[Int(byte & 0xF)]])
+        }
     }
 
     func integer(_ value: some FixedWidthInteger) {
