@@ -27,10 +27,7 @@ extension ByteBuffer {
     mutating func readWireText(_ field: StaticString) throws(WireError) -> String {
         let length = Int(try readWire(UInt16.self, field))
         guard readableBytes >= length else { throw WireError.truncated("\(field)") }
-        // As a typed buffer: String's validating initializer takes its contiguous fast path without a slice.
-        let text = withUnsafeReadableBytes { bytes in
-            String(validating: UnsafeRawBufferPointer(rebasing: bytes[..<length]).bindMemory(to: UInt8.self), as: UTF8.self)
-        }
+        let text = withUnsafeReadableBytes { bytes in UTF8Text.string(UnsafeRawBufferPointer(rebasing: bytes[..<length])) }
         guard let text else { throw WireError.malformed("\(field) is not valid UTF-8") }
         moveReaderIndex(forwardBy: length)
         return text

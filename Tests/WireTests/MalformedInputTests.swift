@@ -72,6 +72,9 @@ let badInputs: [BadInput] = [
     BadInput(what: "text cut inside its length", bytes: rawFrame(type: 0x1B, payload: "00"), code: .malformed),
     BadInput(what: "invalid UTF-8 store name", bytes: rawFrame(type: 0x1B, payload: "0002 c328"), code: .malformed),
     BadInput(
+        what: "store name ASCII for eight bytes, then not UTF-8", bytes: rawFrame(type: 0x1B, payload: "0009 6162636465666768c3"),
+        code: .malformed),
+    BadInput(
         what: "invalid UTF-8 item id (lone continuation byte)",
         bytes: rawFrame(type: 0x15, payload: store + "00 00000001 0001 80"), code: .malformed),
     BadInput(
