@@ -502,8 +502,9 @@ struct ConnectionStateMachine {
     private mutating func watchPartialFrame() {
         let waitingForClient = input.readableBytes > 0 && !readHeld && !closing && mayStartRequests()
         guard waitingForClient else {
-            if frameTimerArmed { emit(.cancelFrameTimeout) }
-            frameTimerArmed = false
+            // The timer, if armed, is left to fire and find nothing to time out (or a later partial frame, whose
+            // own deadline it sets): under pipelining most reads end inside a frame, and scheduling and cancelling
+            // a timer for each was 3% of the daemon's time. It is cancelled when the connection closes.
             partialFrame = nil
             return
         }
