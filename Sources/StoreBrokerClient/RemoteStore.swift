@@ -638,6 +638,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     /// Inserts items in one commit (the first occurrence of an id fixes its position, the last one wins).
     @discardableResult
+    @inlinable
     public func insert(_ items: [Item], expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
         var records: [StoreModel.Item] = []
         records.reserveCapacity(items.count)
@@ -646,26 +647,31 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     }
 
     @discardableResult
+    @inlinable
     public func remove(_ item: Item, expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
         try await remove(ids: [identifier(item)], expecting: sequence)
     }
 
     @discardableResult
+    @inlinable
     public func remove(_ items: [Item], expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
         try await remove(ids: items.map(identifier), expecting: sequence)
     }
 
     @discardableResult
+    @inlinable
     public func remove(id: String, expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
         try await remove(ids: [id], expecting: sequence)
     }
 
     @discardableResult
+    @inlinable
     public func remove(ids: [String], expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
         try await write(ids.isEmpty ? [] : [.remove(ids: ids.map { ItemID($0) })], values: [], expecting: sequence)
     }
 
     @discardableResult
+    @inlinable
     public func removeAll(expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
         try await write([.removeAll], values: [], expecting: sequence)
     }
@@ -681,9 +687,11 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     /// Steps committed together by `run()`. Nothing is sent until then.
     public struct Chain: Sendable {
-        fileprivate let store: RemoteStore
-        fileprivate var steps: [ChainStep] = []
-        fileprivate var values: [Item] = []  // the inserted items, in the order of their steps
+        @usableFromInline let store: RemoteStore
+        @usableFromInline var steps: [ChainStep] = []
+        @usableFromInline var values: [Item] = []  // the inserted items, in the order of their steps
+
+        @usableFromInline init(store: RemoteStore) { self.store = store }
 
         public func insert(_ item: Item) throws(StoreBrokerError) -> Chain { try insert([item]) }
 
@@ -715,6 +723,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         /// Commits every step at once (with `expecting`, only if the store is still at that sequence); returns
         /// the store's sequence after it.
         @discardableResult
+        @inlinable
         public func run(expecting sequence: UInt64? = nil) async throws(StoreBrokerError) -> UInt64 {
             try await store.write(steps, values: values, expecting: sequence)
         }
