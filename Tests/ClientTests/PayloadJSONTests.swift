@@ -202,8 +202,36 @@ import Wire
         func encode(to encoder: any Encoder) throws {}
     }
 
+    /// A subclass that encodes its base into the same container (`super.encode(to: encoder)`, no `superEncoder`).
+    class Animal: Encodable {
+        var legs = 4
+    }
+
+    final class Dog: Animal {
+        var name = "Rex"
+        enum CodingKeys: String, CodingKey { case name }
+        override func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(name, forKey: .name)
+            try super.encode(to: encoder)
+        }
+    }
+
+    /// A value that encodes as the single value of another (a wrapper of a struct).
+    struct Wrapper: Encodable {
+        var inner = Inner(zeta: 7, alpha: ["w"])
+        func encode(to encoder: any Encoder) throws {
+            var container = encoder.singleValueContainer()
+            try container.encode(inner)
+        }
+    }
+
     @Test func nestedContainersDoneInOrderAreWritten() {
         written(Nested())
+        written(Dog())
+        written(Wrapper())
+        written([Wrapper(), Wrapper()])
+        written(Empty())
     }
 
     @Test func whatAStreamCannotWriteIsLeftToJSONEncoder() {
