@@ -302,7 +302,8 @@ extension Locked where Value: MirrorState {
     }
 }
 
-/// JSON for a mirror's items or value, with one encoder and one decoder per mirror (a new pair per call showed in
+/// JSON for a mirror's items or value: written by `PayloadJSON`, or by the mirror's own `JSONEncoder` where that
+/// one leaves off (the same bytes), and read by one `JSONDecoder` per mirror (a new pair per call showed in
 /// profiles of `RemoteStore.insert`). Keys are sorted, so equal values are equal bytes; a payload is decoded in
 /// place, not copied into a `Data` first.
 @usableFromInline

@@ -176,8 +176,8 @@ private final class PayloadJSONWriter: Encoder {
         case 0x0D: bytes.append(UInt8(ascii: "r"))
         case 0x09: bytes.append(UInt8(ascii: "t"))
         default:
-            let hex = Array("0123456789abcdef".utf8)
-            bytes.append(contentsOf: [UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(byte >> 4)], hex[Int(byte & 0xF)]])
+            func hex(_ digit: UInt8) -> UInt8 { digit < 10 ? UInt8(ascii: "0") + digit : UInt8(ascii: "a") + digit - 10 }
+            bytes.append(contentsOf: [UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex(byte >> 4), hex(byte & 0xF)])
         }
     }
 
@@ -436,31 +436,32 @@ private struct KeyedContainer<Key: CodingKey>: KeyedEncodingContainerProtocol {
     }
 }
 
-private struct UnkeyedContainer: UnkeyedEncodingContainer {
-    let writer: PayloadJSONWriter
-    let frame: Int
-    let path: [any CodingKey]
-    var codingPath: [any CodingKey] { path }
-    var count: Int { writer.count(of: frame) }
+/// Where an unkeyed or single value container writes one value: `begin` starts it (an element's comma, or the
+/// single value's claim) and says its index; the primitive `encode`s of both are these.
+private protocol ValueSlot {
+    var writer: PayloadJSONWriter { get }
+    func begin() throws -> Int
+}
 
+extension ValueSlot {
     mutating func encodeNil() throws {
-        _ = try writer.beginElement(frame)
+        _ = try begin()
         writer.literal("null")
     }
     mutating func encode(_ value: Bool) throws {
-        _ = try writer.beginElement(frame)
+        _ = try begin()
         writer.literal(value ? "true" : "false")
     }
     mutating func encode(_ value: String) throws {
-        _ = try writer.beginElement(frame)
+        _ = try begin()
         writer.string(value)
     }
     mutating func encode(_ value: Double) throws {
-        _ = try writer.beginElement(frame)
+        _ = try begin()
         try writer.float(value)
     }
     mutating func encode(_ value: Float) throws {
-        _ = try writer.beginElement(frame)
+        _ = try begin()
         try writer.float(value)
     }
     mutating func encode(_ value: Int) throws { try integer(value) }
@@ -475,12 +476,22 @@ private struct UnkeyedContainer: UnkeyedEncodingContainer {
     mutating func encode(_ value: UInt64) throws { try integer(value) }
 
     private func integer(_ value: some FixedWidthInteger) throws {
-        _ = try writer.beginElement(frame)
+        _ = try begin()
         writer.integer(value)
     }
+}
+
+private struct UnkeyedContainer: UnkeyedEncodingContainer, ValueSlot {
+    let writer: PayloadJSONWriter
+    let frame: Int
+    let path: [any CodingKey]
+    var codingPath: [any CodingKey] { path }
+    var count: Int { writer.count(of: frame) }
+
+    func begin() throws -> Int { try writer.beginElement(frame) }
 
     mutating func encode<T: Encodable>(_ value: T) throws {
-        let index = try writer.beginElement(frame)
+        let index = try begin()
         try writer.child(value, key: IndexKey(index: index))
     }
 
@@ -495,7 +506,7 @@ private struct UnkeyedContainer: UnkeyedEncodingContainer {
     }
 
     private func nested(_ keyed: Bool) -> (Int, IndexKey) {
-        guard let index = try? writer.beginElement(frame) else { return (-1, IndexKey(index: 0)) }
+        guard let index = try? begin() else { return (-1, IndexKey(index: 0)) }
         let id = writer.nested(keyed: keyed)
         writer.enter(IndexKey(index: index))
         return (id, IndexKey(index: index))
@@ -507,49 +518,18 @@ private struct UnkeyedContainer: UnkeyedEncodingContainer {
     }
 }
 
-private struct SingleContainer: SingleValueEncodingContainer {
+private struct SingleContainer: SingleValueEncodingContainer, ValueSlot {
     let writer: PayloadJSONWriter
     let path: [any CodingKey]
     var codingPath: [any CodingKey] { path }
 
-    mutating func encodeNil() throws {
+    func begin() throws -> Int {
         try writer.single()
-        writer.literal("null")
-    }
-    mutating func encode(_ value: Bool) throws {
-        try writer.single()
-        writer.literal(value ? "true" : "false")
-    }
-    mutating func encode(_ value: String) throws {
-        try writer.single()
-        writer.string(value)
-    }
-    mutating func encode(_ value: Double) throws {
-        try writer.single()
-        try writer.float(value)
-    }
-    mutating func encode(_ value: Float) throws {
-        try writer.single()
-        try writer.float(value)
-    }
-    mutating func encode(_ value: Int) throws { try integer(value) }
-    mutating func encode(_ value: Int8) throws { try integer(value) }
-    mutating func encode(_ value: Int16) throws { try integer(value) }
-    mutating func encode(_ value: Int32) throws { try integer(value) }
-    mutating func encode(_ value: Int64) throws { try integer(value) }
-    mutating func encode(_ value: UInt) throws { try integer(value) }
-    mutating func encode(_ value: UInt8) throws { try integer(value) }
-    mutating func encode(_ value: UInt16) throws { try integer(value) }
-    mutating func encode(_ value: UInt32) throws { try integer(value) }
-    mutating func encode(_ value: UInt64) throws { try integer(value) }
-
-    private func integer(_ value: some FixedWidthInteger) throws {
-        try writer.single()
-        writer.integer(value)
+        return 0
     }
 
     mutating func encode<T: Encodable>(_ value: T) throws {
-        try writer.single()
+        _ = try begin()
         try writer.value(value)
     }
 }

@@ -32,14 +32,7 @@ import Wire
             let writer = try await RemoteStore<Note>(client: client, loading: "notes")
             let reader = try await RemoteStore<Note>(client: BrokerClient(socketPath: client.socketPath), loading: "notes")
             let logs = [writer, reader].map { store in
-                let lines = Collected<String>()
-                let events = store.events  // made here, before the writes: a task may start after them
-                let task = Task {
-                    for await event in events where event.operation == .insert || event.operation == .remove {
-                        lines.append("\(event.sequence) \(event.operation):\(event.items.map(\.id).joined(separator: ","))")
-                    }
-                }
-                return (lines, task)
+                changes(of: store) { "\($0.sequence) \($0.operation):\($0.items.map(\.id).joined(separator: ","))" }
             }
             let a = Note(id: "a", text: "a"), b = Note(id: "b", text: "b"), c = Note(id: "c", text: "c")
             try await writer.insert([a, b, c])
@@ -76,16 +69,7 @@ import Wire
         try await withTemporaryBroker { client in
             let first = try await RemoteStore<Note>(client: client, loading: "shared")
             let second = try await RemoteStore<Note>(client: BrokerClient(socketPath: client.socketPath), loading: "shared")
-            let logs = [first, second].map { store in
-                let sequences = Collected<UInt64>()
-                let events = store.events  // made here, before the writes: a task may start after them
-                let task = Task {
-                    for await event in events where event.operation == .insert || event.operation == .remove {
-                        sequences.append(event.sequence)
-                    }
-                }
-                return (sequences, task)
-            }
+            let logs = [first, second].map { store in changes(of: store) { $0.sequence } }
             let rounds = 60
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for (name, store) in [("f", first), ("s", second)] {
@@ -116,4 +100,19 @@ import Wire
             await second.client.close()
         }
     }
+}
+
+/// What `line` makes of each insert and remove `store` streams, collected by a task (cancel it when done). The
+/// stream is made here, before the caller writes: a task may start after the writes.
+private func changes<Line: Sendable>(
+    of store: RemoteStore<Note>, _ line: @escaping @Sendable (StoreEvent<Note>) -> Line
+) -> (Collected<Line>, Task<Void, Never>) {
+    let lines = Collected<Line>()
+    let events = store.events
+    let task = Task {
+        for await event in events where event.operation == .insert || event.operation == .remove {
+            lines.append(line(event))
+        }
+    }
+    return (lines, task)
 }
