@@ -9,7 +9,17 @@ source scripts/setup.sh
 /usr/bin/python3 Tests/python/check_vectors.py docs/protocol-vectors.json
 
 swift build --build-tests
-swift test
+# The whole log scrolls by; when something fails, its lines are printed again at the end, where a log cut to its
+# tail (CI's) still shows them.
+test_log=$(mktemp)
+trap 'rm -f "$test_log"' EXIT
+status=0
+swift test 2>&1 | tee "$test_log" || status=$?
+if [ "$status" -ne 0 ]; then
+    echo "== swift test failed (exit $status); what failed:"
+    grep -E '✘|error:|Fatal error|Test .* failed' "$test_log" | head -200 || true
+    exit "$status"
+fi
 
 # The reliability suite's quick mode (docs/RELIABILITY.md): kill -9 rounds per persistent engine, live fuzzing,
 # load with watchers, libFuzzer on the wire codec.
