@@ -224,9 +224,11 @@ extension Integration {
                 }
                 // The warm-up is as large as the round: the daemon's enlarged allocator caches (DAEMON.md, "Memory
                 // allocator") keep up to ~4 MiB of freed blocks after the first such burst, once; what a name
-                // left behind would grow with every round (~950 bytes a name: 23 MiB here).
+                // left behind would grow with every round (~950 bytes a name: 23 MiB here). The slack is 6 MiB:
+                // with the test pinned to one core, the round's blocks can land in another thread's allocator
+                // arena than the warm-up's (2.7 MiB of growth seen there; 0.2 MiB on two cores).
                 try await expectResidentMemoryComesBack(
-                    daemon, within: 2 << 20, "StoreNameCost", "25,000 store names",
+                    daemon, within: 6 << 20, "StoreNameCost", "25,000 store names",
                     warmUp: { try ask(from: 0, count: 25_000) }, round: { try ask(from: 25_000, count: 25_000) })
                 #expect(try await daemon.storectl(["stores"]).stdout == "")
                 // A store named meanwhile still works, and so does one of the names asked about.
