@@ -109,6 +109,24 @@ final class ManagedStore: Sendable {
     private let doorbell = Doorbell()
     /// `State.retired`, readable without the lock.
     private let retiredFlag = Atomic<Bool>(false)
+    /// The configuration's figures the writer reads for every group, copied out once: reading one through
+    /// `environment.configuration` copied the whole configuration (its strings and engine options retained and
+    /// released) several times per commit.
+    private let limits: CommitLimits
+
+    private struct CommitLimits {
+        let maxGroupCommit: Int
+        let maxGroupWaitNanoseconds: UInt64
+        let history: Int
+        let historyBytes: Int
+
+        init(_ configuration: BrokerConfiguration) {
+            maxGroupCommit = configuration.maxGroupCommit
+            maxGroupWaitNanoseconds = UInt64(configuration.maxGroupWait / .nanoseconds(1))
+            history = configuration.history
+            historyBytes = configuration.historyBytes
+        }
+    }
 
     private enum Phase {
         case unloaded, loading, ready
@@ -164,6 +182,7 @@ final class ManagedStore: Sendable {
     ) {
         self.name = name
         self.environment = environment
+        limits = CommitLimits(environment.configuration)
         self.retire = retire
         var state = State()
         state.stopping = stopping
@@ -558,7 +577,7 @@ final class ManagedStore: Sendable {
                 state.pending.prepend(first)
                 // An engine without atomic applies gets one request per transaction.
                 let atomic = state.capabilities?.contains(.atomic) ?? true
-                let limit = atomic ? max(1, environment.configuration.maxGroupCommit) : 1
+                let limit = atomic ? max(1, limits.maxGroupCommit) : 1
                 var group: [PendingWrite] = []
                 group.reserveCapacity(min(limit, state.pending.count))
                 while group.count < limit, let next = state.pending.popFirst() {
@@ -608,11 +627,11 @@ final class ManagedStore: Sendable {
     /// the last group answered when its apply was slow (`GroupGathering`); never where the engine commits on the
     /// event loop (`nonblocking`).
     private func gatherGroup() -> Bool {
-        let maximum = UInt64(environment.configuration.maxGroupWait / .nanoseconds(1))
+        let maximum = limits.maxGroupWaitNanoseconds
         enum Next { case nothingQueued, go, wait(UInt64) }
         let next = state.withLock { state -> Next in
             guard !state.pending.isEmpty else { return .nothingQueued }
-            guard !state.stopping, state.pending.count < environment.configuration.maxGroupCommit,
+            guard !state.stopping, state.pending.count < limits.maxGroupCommit,
                 let capabilities = state.capabilities, !capabilities.contains(.nonblocking)
             else { return .go }
             doorbell.reset()
@@ -788,7 +807,7 @@ final class ManagedStore: Sendable {
 
         // Committed: memory and history, in sequence order, under the lock; then the broadcast and the answers.
         // What they let go of is released after the writer's turn (`Leftovers`), the engine's steps with it.
-        let configuration = environment.configuration
+        let limits = self.limits
         let subscribers = state.withLock { state in
             var nextHint = 0
             commits.withUnsafeBufferPointer { commits in
@@ -796,7 +815,7 @@ final class ManagedStore: Sendable {
                     state.contents.apply(
                         commits[index].steps, hints: insertHints, from: &nextHint, released: &leftovers.contents)
                     state.history.append(
-                        commits[index], maxCount: configuration.history, maxBytes: configuration.historyBytes,
+                        commits[index], maxCount: limits.history, maxBytes: limits.historyBytes,
                         evicted: &leftovers.events)
                 }
             }
