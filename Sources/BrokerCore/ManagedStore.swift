@@ -718,7 +718,7 @@ final class ManagedStore: Sendable {
                     }
                 }
             }
-            if hashes.count > 1 { _ = hashes.withUnsafeBufferPointer { committed.warm($0) } }
+            if hashes.count > 1 { hashes.withUnsafeBufferPointer { committed.warm($0) } }
         }
         var epoch = base.epoch
         var sequence = base.sequence

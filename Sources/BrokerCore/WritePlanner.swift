@@ -138,6 +138,12 @@ struct WritePlanner {
         // Items and records are read in place (`items[index].id`), never bound to a local: a bound `Item` or
         // `ItemRecord` is a copy, a retain and a release of its id's storage and of its payload's.
         for index in items.indices {
+            // Then, a chunk at a time (what a chunk reads stays in the cache until its lookups), the rest of what
+            // the lookups read: the slots and the kept items (`StoreContents.warm`).
+            if items.count > 1, !baseCleared, index % Self.warmChunk == 0 {
+                let end = min(index + Self.warmChunk, items.count)
+                hashes.withUnsafeBufferPointer { base.warm(UnsafeBufferPointer(rebasing: $0[index..<end])) }
+            }
             let item = Self.kept(items, index)
             let payload = Payload(kept: item)
             let hash = items.count > 1 ? hashes[index] : items[index].id.tableHash
@@ -170,6 +176,9 @@ struct WritePlanner {
         }
         append(.insert(records: records), to: &events)
     }
+
+    /// The ids of a batch warmed together before their lookups (`insert`).
+    private static var warmChunk: Int { 512 }
 
     /// Room for `count` elements, growing geometrically: `reserveCapacity` of exactly what one step of a chain
     /// needs reallocated (and copied) the whole array at every step.

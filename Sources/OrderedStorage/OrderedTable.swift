@@ -135,15 +135,30 @@ public struct OrderedTable<Key: TableKey, Value> {
         return draining[tag & drainMask] == 0
     }
 
-    /// Reads what a lookup of `hash` reads first (its bucket, the slot that bucket names, the key's `tableHash`),
-    /// to have it in the cache: a caller about to look up many keys one after the other warms them all first, so
-    /// that their cache misses overlap instead of coming one at a time. Returns nothing of use.
-    @inlinable @inline(__always)
-    public func warm(hash: Int) -> Int {
-        guard let buckets = bucketBase else { return 0 }
-        let bucket = buckets[Int(UInt32(truncatingIfNeeded: hash)) & bucketMask]
-        guard bucket != 0 else { return 0 }
-        return slots[Self.slot(bucket)]?.key.tableHash ?? 0
+    /// Reads what looking up each of `hashes` reads first (its bucket and, when the bucket carries the key's tag,
+    /// the slot that bucket names and the key's `tableHash`), to have it in the cache: a caller about to look up many keys one after the other warms them
+    /// all first. In three passes, each over all the keys, so that the loads of one pass do not wait for each
+    /// other (a key's three loads depend on each other; the keys' do not) and their cache misses overlap. Returns
+    /// nothing of use, but the caller must use it, or the optimizer removes the loads.
+    @inlinable
+    public func warm(hashes: UnsafeBufferPointer<Int>) -> Int {
+        guard let buckets = bucketBase, !hashes.isEmpty else { return 0 }
+        return withUnsafeTemporaryAllocation(of: Int.self, capacity: hashes.count) { found in
+            var sum = 0
+            for index in hashes.indices {
+                // Only a bucket with the key's tag leads where its lookup goes (a lookup skips the others' slots).
+                let tag = UInt64(truncatingIfNeeded: UInt32(truncatingIfNeeded: hashes[index]))
+                let bucket = buckets[Int(tag) & bucketMask]
+                found[index] = bucket != 0 && bucket >> 32 == tag ? Self.slot(bucket) : -1
+            }
+            for index in hashes.indices where found[index] >= 0 {
+                sum &+= Int(slots.touch(found[index]))
+            }
+            for index in hashes.indices where found[index] >= 0 {
+                sum &+= slots[found[index]]?.key.tableHash ?? 0
+            }
+            return sum
+        }
     }
 
     /// Whether a key with `hash` that `matches` accepts is present.

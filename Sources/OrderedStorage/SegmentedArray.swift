@@ -24,6 +24,15 @@ struct SegmentedArray<Element> {
         _modify { yield &segments[position >> Self.shift][position & Self.offsetMask] }
     }
 
+    /// Reads a byte of the element's memory and nothing of its value (which a read would retain): brings the
+    /// element into the cache.
+    @inlinable @inline(__always)
+    func touch(_ position: Int) -> UInt8 {
+        segments[position >> Self.shift].withUnsafeBufferPointer { elements in
+            UnsafeRawPointer(elements.baseAddress! + (position & Self.offsetMask)).load(as: UInt8.self)
+        }
+    }
+
     @inlinable
     mutating func append(_ element: consuming Element) {
         if storedCount & Self.offsetMask == 0 { segments.append([]) }
