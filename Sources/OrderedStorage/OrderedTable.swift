@@ -136,10 +136,11 @@ public struct OrderedTable<Key: TableKey, Value> {
     }
 
     /// Reads what looking up each of `hashes` reads first (its bucket and, when the bucket carries the key's tag,
-    /// the slot that bucket names and the key's `tableHash`), to have it in the cache: a caller about to look up many keys one after the other warms them
-    /// all first. In three passes, each over all the keys, so that the loads of one pass do not wait for each
-    /// other (a key's three loads depend on each other; the keys' do not) and their cache misses overlap. Returns
-    /// nothing of use, but the caller must use it, or the optimizer removes the loads.
+    /// the slot that bucket names and the key's `tableHash`), to have it in the cache: a caller about to look up
+    /// many keys one after the other warms them all first. In three passes, each over all the keys, so that the
+    /// loads of one pass do not wait for each other (a key's three loads depend on each other; the keys' do not)
+    /// and their cache misses overlap. Returns nothing of use (0 when no bucket carried its key's tag), but the
+    /// caller must use it, or the optimizer removes the loads.
     @inlinable
     public func warm(hashes: UnsafeBufferPointer<Int>) -> Int {
         guard let buckets = bucketBase, !hashes.isEmpty else { return 0 }

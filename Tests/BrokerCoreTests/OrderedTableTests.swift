@@ -37,6 +37,21 @@ private struct Clashing: TableKey {
         return out
     }
 
+    @Test("warming reads the slots and keys of the keys present, and nothing for keys absent, even while the index grows")
+    func warmingReadsOnlyWhereLookupsGo() {
+        var table = OrderedTable<String, Int>()
+        let absent = (0..<500).map { "absent-\($0)".tableHash }
+        #expect(absent.withUnsafeBufferPointer { table.warm(hashes: $0) } == 0)  // no index yet
+        for round in 0..<3 {
+            // 1,000 more each round: the index doubles, and is still being moved when warmed.
+            for n in (round * 1000)..<((round + 1) * 1000) { table.put(String(n), n) }
+            let present = (0..<((round + 1) * 1000)).map { String($0).tableHash }
+            #expect(present.withUnsafeBufferPointer { table.warm(hashes: $0) } != 0)
+            // A bucket that holds another key's tag leads nowhere a lookup goes: nothing of it is read.
+            #expect(absent.withUnsafeBufferPointer { table.warm(hashes: $0) } == 0)
+        }
+    }
+
     @Test("random puts, removes, removeAlls and rolled-back transactions agree with a plain model")
     func agreesWithModel() {
         // A fixed linear congruential sequence, so a failure repeats.
