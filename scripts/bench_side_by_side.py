@@ -122,6 +122,13 @@ class Broker:
         self.work.stop(self.process)
 
 
+def cpu_seconds(process):
+    """User + system CPU time a process has used so far (all its threads), from /proc."""
+    with open(f"/proc/{process.pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def csv_rows(text):
     """redis-benchmark's (and storebroker-benchmark's) CSV: test -> {rps, p50, p99, max} (latencies in µs)."""
     rows = {}
@@ -202,27 +209,42 @@ class Bench:
             ("50 clients -P 16", ["-c", "50", "-P", "16", "-n", str(requests * 2)]),
         ]
         for label, shape in shapes:
-            def ours(shape=shape):
+            # With 50 clients -P 16 each server's CPU per request is measured too (each test run on its own, Redis's
+            # as well): what the daemon spends per request against what Redis spends, the accounting behind the
+            # pipelined rows.
+            per_request_cpu = label == "50 clients -P 16"
+            count = int(shape[shape.index("-n") + 1])
+
+            def ours(shape=shape, per_request_cpu=per_request_cpu, count=count):
                 broker = Broker(self.work, self.bin, engine="memory")
                 try:
                     values = {}
-                    for test, rows in [("ping", self.ours(broker.socket, "-t", "ping", *shape)),
-                                       ("insert", self.ours(broker.socket, "-t", "insert", "-d", "200", "-r", "100000", *shape)),
-                                       ("get", self.ours(broker.socket, "-t", "get", "-d", "200", "-r", "100000", *shape))]:
+                    for test, arguments in [("ping", []), ("insert", ["-d", "200", "-r", "100000"]),
+                                            ("get", ["-d", "200", "-r", "100000"])]:
+                        before = cpu_seconds(broker.process)
+                        rows = self.ours(broker.socket, "-t", test, *arguments, *shape)
+                        if per_request_cpu:
+                            values[f"{test}_cpu"] = (cpu_seconds(broker.process) - before) / count * 1e6
                         for metric, value in rows[test].items():
                             values[f"{test}_{metric}"] = value
                     return values
                 finally:
                     broker.stop()
 
-            def theirs(shape=shape):
+            def theirs(shape=shape, per_request_cpu=per_request_cpu, count=count):
                 redis = Redis(self.work, "--appendonly", "no")
                 try:
-                    rows = self.redis(redis.socket, "-t", "ping,set,get", "-d", "200", "-r", "100000", *shape)
                     values = {}
-                    for test, name in [("ping", "PING_MBULK"), ("insert", "SET"), ("get", "GET")]:
-                        for metric, value in rows[name].items():
-                            values[f"{test}_{metric}"] = value
+                    runs = [("ping,set,get", None)] if not per_request_cpu else [
+                        ("ping_mbulk", "ping"), ("set", "insert"), ("get", "get")]
+                    for tests, test in runs:
+                        before = cpu_seconds(redis.process)
+                        rows = self.redis(redis.socket, "-t", tests, "-d", "200", "-r", "100000", *shape)
+                        if test:
+                            values[f"{test}_cpu"] = (cpu_seconds(redis.process) - before) / count * 1e6
+                        for name, metric_test in [("PING_MBULK", "ping"), ("SET", "insert"), ("GET", "get")]:
+                            for metric, value in rows.get(name, {}).items():
+                                values[f"{metric_test}_{metric}"] = value
                     return values
                 finally:
                     redis.stop()
@@ -230,6 +252,10 @@ class Bench:
             metrics = [(f"ping, {label}: requests/s", "ping_rps", "/s", "higher", "PING_MBULK"),
                        (f"insert, {label}: requests/s", "insert_rps", "/s", "higher", "SET"),
                        (f"get, {label}: requests/s", "get_rps", "/s", "higher", "GET")]
+            if per_request_cpu:
+                metrics += [(f"server CPU per request, {label}: ping", "ping_cpu", "µs", "lower", "Redis PING_MBULK"),
+                            (f"server CPU per request, {label}: insert", "insert_cpu", "µs", "lower", "Redis SET"),
+                            (f"server CPU per request, {label}: get", "get_cpu", "µs", "lower", "Redis GET")]
             if label == "1 client":
                 metrics = [("ping, 1 client: p50", "ping_p50", "µs", "lower", "PING_MBULK"),
                            ("insert (memory), 1 client: p50", "insert_p50", "µs", "lower", "SET"),
@@ -565,7 +591,7 @@ def fmt(value, unit):
     if unit in ("/s",):
         return f"{value:,.0f}"
     if unit == "µs":
-        return f"{value:,.0f} µs"
+        return f"{value:,.2f} µs" if value < 10 else f"{value:,.0f} µs"
     if unit == "s":
         return f"{value:.4f} s"
     return f"{value:,.1f} {unit}"
