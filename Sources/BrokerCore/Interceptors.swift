@@ -101,22 +101,52 @@ public struct AccessPolicy: Hashable, Sendable {
 }
 
 /// Everything an interceptor knows about a request besides the request itself.
+///
+/// Its fields live in one object: every request carries its connection's context through the broker, and a copy
+/// costs one reference count, not one for each field that holds a reference (the grant's rules, the client's name,
+/// the lookup). Setting a field makes a new object; the lookup and `submitter` stay the context's.
 public struct RequestContext: Sendable {
-    public var peer: Peer
-    public var grant: Grant
+    private final class Fields: Sendable {
+        let peer: Peer
+        let grant: Grant
+        let clientName: String
+        let submitter: UInt64
+        let lookup: StoreLookup
+
+        init(peer: Peer, grant: Grant, clientName: String, submitter: UInt64, lookup: StoreLookup) {
+            self.peer = peer
+            self.grant = grant
+            self.clientName = clientName
+            self.submitter = submitter
+            self.lookup = lookup
+        }
+    }
+
+    private var fields: Fields
+
+    public var peer: Peer {
+        get { fields.peer }
+        set { fields = Fields(peer: newValue, grant: grant, clientName: clientName, submitter: submitter, lookup: lookup) }
+    }
+    public var grant: Grant {
+        get { fields.grant }
+        set { fields = Fields(peer: peer, grant: newValue, clientName: clientName, submitter: submitter, lookup: lookup) }
+    }
     /// The name the client gave in its `hello`.
-    public var clientName: String
+    public var clientName: String {
+        get { fields.clientName }
+        set { fields = Fields(peer: peer, grant: grant, clientName: newValue, submitter: submitter, lookup: lookup) }
+    }
     /// Tells this context's requests from other contexts' (a connection's, for the daemon): a store's writer
     /// groups the writes of the writers it has just answered (see `ManagedStore`).
-    public let submitter: UInt64
+    public var submitter: UInt64 { fields.submitter }
     /// The store this context's last read named (shared by the context's copies).
-    let lookup = StoreLookup()
+    var lookup: StoreLookup { fields.lookup }
 
     public init(peer: Peer, grant: Grant, clientName: String) {
-        self.peer = peer
-        self.grant = grant
-        self.clientName = clientName
-        submitter = Self.submitters.add(1, ordering: .relaxed).newValue
+        fields = Fields(
+            peer: peer, grant: grant, clientName: clientName, submitter: Self.submitters.add(1, ordering: .relaxed).newValue,
+            lookup: StoreLookup())
     }
 
     private static let submitters = Atomic<UInt64>(0)
@@ -157,13 +187,13 @@ extension RequestInterceptor {
 /// `--allow-uid`: a peer of another user reaches only the stores and values its rules name, writes only
 /// where they are not read-only, and never reaches secure values.
 public struct AccessInterceptor: RequestInterceptor {
-    public let name = "access"
+    public var name: String { "access" }
     public var observesOutcomes: Bool { false }
     public init() {}
 
     public func check(_ command: BrokerCommand, context: RequestContext) -> BrokerError? {
+        guard !context.grant.isOwner else { return nil }  // read in place; the grant is copied only when needed
         let grant = context.grant
-        guard !grant.isOwner else { return nil }
         if case .listValues(.secureValue) = command {
             return BrokerError(
                 .permissionDenied, "secure values are only for the daemon's own user; uid \(context.peer.uid) is not")
@@ -192,7 +222,9 @@ public struct AccessInterceptor: RequestInterceptor {
 /// batches within the count limit. (`--max-frame` is enforced before there is a request at all: the codec
 /// refuses a frame over the limit from its header.)
 public struct LimitsInterceptor: RequestInterceptor {
-    public let name = "limits"
+    // Computed, not stored: with its two limits the interceptor fits an existential's inline buffer, so the broker's
+    // list of interceptors holds it without a box that every request's check retains and releases.
+    public var name: String { "limits" }
     public var observesOutcomes: Bool { false }
     public let maxItemLength: Int
     public let maxBatch: Int
@@ -298,7 +330,7 @@ public struct LimitsInterceptor: RequestInterceptor {
 /// At `--log-level debug`: one line per request with who sent it, what it named, what came of it and how
 /// long it took. Never a payload or a value.
 public struct RequestLogInterceptor: RequestInterceptor {
-    public let name = "log"
+    public var name: String { "log" }
     public let logger: Logger
     /// Only at `--log-level debug`, where it logs a line per request.
     public var observesOutcomes: Bool { logger.logLevel <= .debug }

@@ -182,6 +182,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
+        ioSnapshot?.isWritable = context.channel.isWritable
         event { $0.writabilityChanged(io: $1) }
         context.fireChannelWritabilityChanged()
     }
@@ -207,15 +208,17 @@ final class ConnectionHandler: ChannelDuplexHandler {
             snapshot = taken
         } else {
             // NIO answers an option through a chain of dynamic casts: asked once per batch of actions, not per
-            // answer given while they are performed.
+            // answer given while they are performed. So is writability (kept up to date by
+            // `channelWritabilityChanged`): each ask is a retain and release of the channel.
+            let channel = context.channel
             snapshot = IOSnapshot(
-                channelBytes: (try? context.channel.syncOptions?.getOption(.bufferedWritableBytes)) ?? 0,
-                now: context.eventLoop.now)
+                channelBytes: (try? channel.syncOptions?.getOption(.bufferedWritableBytes)) ?? 0,
+                isWritable: channel.isWritable, now: context.eventLoop.now)
             ioSnapshot = snapshot
             writtenSinceSnapshot = 0
         }
         return ConnectionStateMachine.IOState(
-            isWritable: context.channel.isWritable,
+            isWritable: snapshot.isWritable,
             bufferedBytes: snapshot.channelBytes + writtenSinceSnapshot + pendingBytes, now: snapshot.now)
     }
 
@@ -474,6 +477,7 @@ private final class ConnectionReplies: ReplyReceiver {
 
 private struct IOSnapshot {
     var channelBytes: Int
+    var isWritable: Bool
     var now: NIODeadline
 }
 

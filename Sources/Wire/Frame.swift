@@ -87,6 +87,10 @@ public struct Frame: Hashable, Sendable {
         self.header = header
         self.payload = payload
     }
+
+    /// The payload, moved out of the frame it ends (reading `frame.payload` copies it: a reference count taken and
+    /// dropped).
+    consuming func takePayload() -> ByteBuffer { payload }
 }
 
 /// Splits a byte stream into frames, without ever buffering more than the connection's maximum frame.

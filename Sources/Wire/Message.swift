@@ -55,9 +55,12 @@ public enum ClientMessage: Hashable, Sendable {
 
     /// Decodes one frame sent by a client. Throws `unknownMessageType`, `unexpectedMessage` (a server type),
     /// `invalidFlags` (requests never span frames) or `malformed`.
-    public init(frame: Frame) throws(WireError) {
+    ///
+    /// The frame is consumed: its payload is read in place, not copied (a copy is a reference count taken and
+    /// dropped per request).
+    public init(frame: consuming Frame) throws(WireError) {
         let type = try MessageType.checked(frame.header, fromClient: true)
-        var payload = frame.payload
+        var payload = frame.takePayload()
         switch type {
         case .hello: self = .hello(try Hello(payload: &payload))
         case .ping: self = .ping(try Ping(payload: &payload))
@@ -153,9 +156,9 @@ public enum ServerMessage: Hashable, Sendable {
 
     /// Decodes one frame sent by a server. For a message that spans frames this is one part of it; see
     /// `ServerMessageAssembler`.
-    public init(frame: Frame) throws(WireError) {
+    public init(frame: consuming Frame) throws(WireError) {
         let type = try MessageType.checked(frame.header, fromClient: false)
-        var payload = frame.payload
+        var payload = frame.takePayload()
         switch type {
         case .welcome: self = .welcome(try Welcome(payload: &payload))
         case .pong: self = .pong(try Pong(payload: &payload))

@@ -88,10 +88,11 @@ public struct ServerSession: Sendable {
         if frame.header.type == MessageType.hello.rawValue {
             return .refuse(Self.errorFrame(WireError(.unexpectedMessage, "hello was already received"), id: frame.header.id))
         }
+        let id = frame.header.id
         do {
-            return .request(id: frame.header.id, try ClientMessage(frame: frame))
+            return .request(id: id, try ClientMessage(frame: consume frame))
         } catch {
-            return .refuse(Self.errorFrame(error, id: frame.header.id))
+            return .refuse(Self.errorFrame(error, id: id))
         }
     }
 
