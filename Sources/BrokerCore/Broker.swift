@@ -79,6 +79,7 @@ public struct BrokerRequest: Sendable {
     public var subscription: Subscription?
     public var reply: Reply
 
+    @inlinable
     public init(_ command: BrokerCommand, subscription: Subscription? = nil, reply: Reply) {
         self.command = command
         self.subscription = subscription
@@ -212,7 +213,8 @@ public final class Broker: Sendable {
     /// (or value namespace) reach its writer together, in one hand-off, and are answered after their commit.
     public func handle(_ requests: [BrokerRequest], context: RequestContext = .owner) {
         var batch = WriteBatch()
-        handle(requests, context: context, into: &batch)
+        var requests = requests
+        handle(&requests, context: context, into: &batch)
         submit(&batch)
     }
 
@@ -256,15 +258,20 @@ public final class Broker: Sendable {
 
     /// `handle(_:context:)` with the writes admitted into `batch` rather than submitted: they reach their writers
     /// with the batch's other writes when it is submitted. Everything else is carried out now.
-    public func handle(_ requests: [BrokerRequest], context: RequestContext, into batch: inout WriteBatch) {
-        // Each request read in place, through a buffer pointer: binding it or its command to a local, or reading
-        // `requests[index].command` from the array, copies it (a retain and a release of everything it holds).
-        requests.withUnsafeBufferPointer { requests in
+    /// Each request's command is moved out, on to its store or namespace (a payload-less one is left in its place):
+    /// binding it from the array would copy it, a retain and a release of everything it holds.
+    public func handle(_ requests: inout [BrokerRequest], context: RequestContext, into batch: inout WriteBatch) {
+        let expected = requests.count
+        // Each request read in place, through a buffer pointer: binding it to a local, or reading
+        // `requests[index]` from the array, copies it.
+        requests.withUnsafeMutableBufferPointer { requests in
             for index in requests.indices {
                 guard let reply = admitted(requests[index].command, context: context, requests[index].reply) else {
                     continue
                 }
-                switch requests[index].command {
+                var command = BrokerCommand.listEngines
+                swap(&command, &requests[index].command)
+                switch consume command {
                 case .write(let name, let write, let condition):
                     var silenced: ObjectIdentifier?
                     if let subscription = requests[index].subscription, subscription.namespace == .store,
@@ -276,17 +283,16 @@ public final class Broker: Sendable {
                         PendingWrite(
                             kind: .write(write), condition: condition, submitter: context.submitter, silenced: silenced,
                             reply: reply),
-                        to: name, expected: requests.count)
+                        to: name, expected: expected)
                 case .drop(let name, let condition):
                     batch.add(
                         PendingWrite(kind: .drop, condition: condition, submitter: context.submitter, reply: reply),
-                        to: name, expected: requests.count)
+                        to: name, expected: expected)
                 case .setValue(let namespace, let name, let value, let condition):
                     batch.valueWrites[namespace, default: []].append(
                         .init(name: name, value: value?.owned.bytes, condition: condition, reply: reply))
-                default:
-                    perform(
-                        requests[index].command, context: context, subscription: requests[index].subscription, reply: reply)
+                case let other:
+                    perform(other, context: context, subscription: requests[index].subscription, reply: reply)
                 }
             }
         }

@@ -253,7 +253,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 var batch: [BrokerRequest] = []
                 swap(&batch, &writes)
                 swap(&writes, &spareWrites)
-                loopWrites?.add(batch, context: requestContext, from: self)
+                loopWrites?.add(&batch, context: requestContext, from: self)
                 batch.removeAll(keepingCapacity: true)
                 spareWrites = batch
                 continue
@@ -365,7 +365,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
             guard let replies else { return }
             let reply = Reply(replies, token: ConnectionReplies.token(slot: slot, isWrite: command.isWrite))
             if command.isWrite {
-                writes.append(BrokerRequest(command, subscription: subscription, reply: reply))
+                // Moved in, not copied (a copy is a reference count on each item of the write, and the request
+                // itself was copied into the array).
+                writes.append(BrokerRequest(consume command, subscription: consume subscription, reply: consume reply))
             } else {
                 broker.handle(command, context: requestContext, subscription: subscription, reply: reply)
                 if machine?.awaits(slot: slot) == true { event { $0.startReturned(slot: slot, io: $1) } }

@@ -52,9 +52,10 @@ final class LoopWrites: Sendable {
         turn = NIOLoopBoundBox(Turn(), eventLoop: eventLoop)
     }
 
-    /// Submits `requests` (writes) from `connection` now if they are the turn's first, else admits them, to be
-    /// submitted at the end of this turn of the loop. A write an interceptor refuses is answered here.
-    func add(_ requests: [BrokerRequest], context: RequestContext, from connection: ConnectionHandler) {
+    /// Submits `requests` (writes; their commands are moved out, see `Broker.handle`) from `connection` now if they
+    /// are the turn's first, else admits them, to be submitted at the end of this turn of the loop. A write an
+    /// interceptor refuses is answered here.
+    func add(_ requests: inout [BrokerRequest], context: RequestContext, from connection: ConnectionHandler) {
         guard turn.value.scheduled else {
             // The turn's first: at once (the connection is performing, so what the commit gives it is taken when
             // its actions are done); the task that ends the turn gathers the writes of the connections after it.
@@ -62,7 +63,7 @@ final class LoopWrites: Sendable {
             eventLoop.execute { self.submit() }
             var first = Broker.WriteBatch()
             swap(&first, &turn.value.first)
-            broker.handle(requests, context: context, into: &first)
+            broker.handle(&requests, context: context, into: &first)
             broker.submit(&first)
             swap(&first, &turn.value.first)
             return
@@ -70,7 +71,7 @@ final class LoopWrites: Sendable {
         // Taken out while the broker runs: a refusal answers the connection, which must not find the turn in use.
         var batch = Broker.WriteBatch()
         swap(&batch, &turn.value.batch)
-        broker.handle(requests, context: context, into: &batch)
+        broker.handle(&requests, context: context, into: &batch)
         swap(&batch, &turn.value.batch)
         if !connection.writesInTurn {
             connection.writesInTurn = true

@@ -611,9 +611,8 @@ private final class Answers: @unchecked Sendable {
             // In one batch: one group, one apply with both peers' steps, each answered with its own sequence.
             var batch = Broker.WriteBatch()
             for (index, peer) in peers.enumerated() {
-                broker.handle(
-                    [BrokerRequest(.write(store: "s", .insert([item("two-\(index)")]))) { answers.add(2 + index, $0) }],
-                    context: peer, into: &batch)
+                var requests = [BrokerRequest(.write(store: "s", .insert([item("two-\(index)")]))) { answers.add(2 + index, $0) }]
+                broker.handle(&requests, context: peer, into: &batch)
             }
             #expect(engine.state.withLock { $0.applies.count } == 3, "a batched write reached the store before submit")
             broker.submit(&batch)
