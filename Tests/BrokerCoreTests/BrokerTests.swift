@@ -611,7 +611,9 @@ private final class Answers: @unchecked Sendable {
             // In one batch: one group, one apply with both peers' steps, each answered with its own sequence.
             var batch = Broker.WriteBatch()
             for (index, peer) in peers.enumerated() {
-                var requests = [BrokerRequest(.write(store: "s", .insert([item("two-\(index)")]))) { answers.add(2 + index, $0) }]
+                var requests = [
+                    BrokerRequest(.write(store: "s", .insert([item("two-\(index)")]))) { answers.add(2 + index, $0) }
+                ]
                 broker.handle(&requests, context: peer, into: &batch)
             }
             #expect(engine.state.withLock { $0.applies.count } == 3, "a batched write reached the store before submit")
