@@ -196,6 +196,11 @@ public final class Broker: Sendable {
         guard !command.isWrite else {
             return handle([BrokerRequest(command, subscription: subscription, reply: reply)], context: context)
         }
+        guard !observers.isEmpty else {
+            // The reply as it came (`admitted` would return a copy of it, a retain and release per request).
+            if let error = rejection(of: command, context: context) { return reply(.failure(error)) }
+            return perform(command, context: context, subscription: subscription, reply: reply)
+        }
         guard let reply = admitted(command, context: context, reply) else { return }
         perform(command, context: context, subscription: subscription, reply: reply)
     }
