@@ -101,8 +101,8 @@ extension ByteBuffer {
         _ writeElement: (inout ByteBuffer, T) throws(WireError) -> Void
     ) throws(WireError) {
         writeInteger(UInt32(elements.count))
-        for index in elements.indices {  // by index: iterating copies each element out
-            try writeElement(&self, elements[index])
+        for element in elements {
+            try writeElement(&self, element)
         }
     }
 }

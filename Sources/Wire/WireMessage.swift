@@ -84,9 +84,8 @@ extension SplittableMessage {
         let start = out.writeFrameHeader(type: Self.type, flags: [], id: id)
         try encodeHead(payload: &out)
         out.writeInteger(UInt32(elements.count))
-        // By index: `for element in elements` copies each one out (a retain and release of its id and payload).
-        for index in elements.indices {
-            try elements[index].encode(wire: &out)
+        for element in elements {
+            try element.encode(wire: &out)
             if out.writerIndex - start > maxFrameLength {
                 out.moveWriterIndex(to: start)
                 return false
