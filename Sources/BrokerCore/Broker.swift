@@ -271,11 +271,10 @@ public final class Broker: Sendable {
         // `requests[index]` from the array, copies it.
         requests.withUnsafeMutableBufferPointer { requests in
             for index in requests.indices {
-                guard let reply = admitted(requests[index].command, context: context, requests[index].reply) else {
-                    continue
-                }
+                // Taken out first: checked in the array, it was copied for the interceptors.
                 var command = BrokerCommand.listEngines
                 swap(&command, &requests[index].command)
+                guard let reply = admitted(command, context: context, requests[index].reply) else { continue }
                 switch consume command {
                 case .write(let name, let write, let condition):
                     var silenced: ObjectIdentifier?

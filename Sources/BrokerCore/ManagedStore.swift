@@ -573,8 +573,8 @@ final class ManagedStore: Sendable {
             let batch = state.withLock { state -> Batch? in
                 // Taken off the queue, not read from it: a read of `first` is a copy.
                 guard let first = state.pending.popFirst() else { return nil }
-                if case .drop = first.kind { return .drop(first) }
-                state.pending.prepend(first)
+                if case .drop = first.kind { return .drop(consume first) }
+                state.pending.prepend(consume first)
                 // An engine without atomic applies gets one request per transaction.
                 let atomic = state.capabilities?.contains(.atomic) ?? true
                 let limit = atomic ? max(1, limits.maxGroupCommit) : 1
@@ -582,10 +582,10 @@ final class ManagedStore: Sendable {
                 group.reserveCapacity(min(limit, state.pending.count))
                 while group.count < limit, let next = state.pending.popFirst() {
                     if case .drop = next.kind {
-                        state.pending.prepend(next)
+                        state.pending.prepend(consume next)
                         break
                     }
-                    group.append(next)
+                    group.append(consume next)  // moved: without `consume` the optimizer copies it (two retains)
                 }
                 return .group(group)
             }

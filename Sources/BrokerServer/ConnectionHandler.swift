@@ -365,8 +365,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
             guard let replies else { return }
             let reply = Reply(replies, token: ConnectionReplies.token(slot: slot, isWrite: command.isWrite))
             if command.isWrite {
-                // Moved in, not copied (a copy is a reference count on each item of the write, and the request
-                // itself was copied into the array).
+                // The command moves into the request: without `consume` the optimizer copied it (a retain and release
+                // of each reference it holds). (Appending the request still copies it; `consume` does not help there.)
                 writes.append(BrokerRequest(consume command, subscription: consume subscription, reply: consume reply))
             } else {
                 broker.handle(command, context: requestContext, subscription: subscription, reply: reply)
