@@ -331,14 +331,12 @@ public final class Broker: Sendable {
 
     /// The first interceptor's refusal of `command`, if any.
     private func rejection(of command: BrokerCommand, context: RequestContext) -> BrokerError? {
-        // Through a buffer pointer: `for interceptor in interceptors`, and even `checkers[index]`, copy each one
-        // out, a retain and release of what it holds (a logger's handler) that every connection's requests share.
-        checkers.withUnsafeBufferPointer { checkers in
-            for index in checkers.indices {
-                if let error = checkers[index].check(command, context: context) { return error }
-            }
-            return nil
+        // By index: `for interceptor in interceptors` copies each one out, a retain and release of what it holds
+        // (a logger's handler) that every connection's requests share.
+        for index in checkers.indices {
+            if let error = checkers[index].check(command, context: context) { return error }
         }
+        return nil
     }
 
     /// `reply`, after every interceptor that observes has seen the outcome and how long it took (`reply` itself
