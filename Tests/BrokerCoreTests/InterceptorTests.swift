@@ -147,6 +147,21 @@ private func withBroker(
         }
     }
 
+    /// The context keeps its fields in one shared object (a copy is one reference count): setting a field of one
+    /// copy must not show in another, and must keep the context's `submitter`, which tells its writes from
+    /// other contexts' when a writer gathers a group.
+    @Test func aRequestContextIsAValueWhoseSubmitterSurvivesItsChanges() {
+        let context = RequestContext(peer: Peer(uid: 7, pid: 1), grant: .owner, clientName: "")
+        var named = context
+        named.clientName = "app"
+        named.peer = Peer(uid: 8, pid: 2)
+        named.grant = Grant(isOwner: false, rules: [AccessRule(uid: 8)])
+        #expect(context.clientName == "" && context.peer == Peer(uid: 7, pid: 1) && context.grant == .owner)
+        #expect(named.clientName == "app" && named.peer == Peer(uid: 8, pid: 2) && !named.grant.isOwner)
+        #expect(named.submitter == context.submitter)
+        #expect(RequestContext(peer: Peer(uid: 7, pid: 1), grant: .owner, clientName: "").submitter != context.submitter)
+    }
+
     @Test func theRequestLogSeesEveryRequestWithItsOutcomeButNoPayload() async throws {
         let lines = LogCapture()
         var logger = Logger(label: "test", factory: { _ in lines })
