@@ -265,8 +265,12 @@ extension Locked where Value: MirrorState {
     /// when the mirror stops or loses the broker first.
     @usableFromInline func waitUntilReached(_ what: @autoclosure () -> String, epoch: UInt64?, sequence: UInt64) async throws(StoreBrokerError) {
         // Usually already there (a write's answer is resumed after the pushes its read brought): no suspension.
+        // The usual case is decided from the mirror's position alone: `waiters`, read through the protocol, is a
+        // copy of its three collections (a retain and release of each, per write).
         let reached = withLock { state in
-            state.isLoaded && state.waiters.isReached(epoch: epoch, sequence: sequence, mirror: state.position)
+            guard state.isLoaded else { return false }
+            if epoch == nil || epoch == state.epoch, state.sequence >= sequence { return true }
+            return state.waiters.isReached(epoch: epoch, sequence: sequence, mirror: state.position)
         }
         if reached, !Task.isCancelled { return }
         try await suspend(what()) { state, key, continuation in
