@@ -57,15 +57,19 @@ public enum BrokerCommand: Sendable {
     }
 
     /// The store, value or secure value the command is about, if any.
-    public var target: (namespace: Namespace, name: String)? {
+    public var target: (namespace: Namespace, name: String)? { withTarget { ($0, $1) } }
+
+    /// `body` with the store, value or secure value the command is about (`nil` when there is none), the name read
+    /// in place: `target` returns a copy, a retain and release of the name per request.
+    public func withTarget<R, E: Error>(_ body: (Namespace, String) throws(E) -> R) throws(E) -> R? {
         switch self {
         case .listEngines, .listStores, .listValues: nil
         case .storeInfo(let store), .count(let store), .get(let store, _), .range(let store, _, _),
             .ids(let store, _, _), .write(let store, _, _), .drop(let store, _):
-            (.store, store)
+            try body(.store, store)
         case .getValue(let namespace, let name), .setValue(let namespace, let name, _, _),
             .subscribe(let namespace, let name, _):
-            (namespace, name)
+            try body(namespace, name)
         }
     }
 

@@ -249,7 +249,7 @@ public struct LimitsInterceptor: RequestInterceptor {
             try checkValueNamespace(namespace)
         default: break
         }
-        if let target = command.target { try checkName(target.name) }
+        try command.withTarget { (_, name) throws(BrokerError) in try checkName(name) }
         switch command {
         case .write(_, .insert(let items), _): try checkItems(items, total: items.count)
         case .write(_, .remove(let ids), _): try checkIDs(ids, total: ids.count)

@@ -627,7 +627,9 @@ struct ConnectionStateMachine {
         guard slot >= base, slot - base < UInt64(slots.count) else { return }  // the connection went away
         let index = Int(slot - base)
         let id = slots[index].id
-        var out = ByteBuffer()
+        // Set on each path that keeps the answer, not made empty first: `ByteBuffer()` is a copy of one shared empty
+        // buffer, a reference count on an object every event loop touches.
+        var out: ByteBuffer
         switch consume result {
         case .success(let message):
             if index == 0, slots[0].opensSubscription == nil {
