@@ -216,9 +216,9 @@ public final class Broker: Sendable {
     /// Carries out the requests of one read cycle of a peer, in order. Reads are answered before this returns
     /// (from memory, on the caller's thread) unless their store is still loading; the writes for one store
     /// (or value namespace) reach its writer together, in one hand-off, and are answered after their commit.
-    public func handle(_ requests: [BrokerRequest], context: RequestContext = .owner) {
+    public func handle(_ requests: consuming [BrokerRequest], context: RequestContext = .owner) {
         var batch = WriteBatch()
-        var requests = requests
+        var requests = requests  // moved, not shared: the commands are moved out of it without copying the array
         handle(&requests, context: context, into: &batch)
         submit(&batch)
     }
