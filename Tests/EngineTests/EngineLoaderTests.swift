@@ -3,6 +3,7 @@ import BrokerCore
 import Foundation
 import Synchronization
 import Testing
+import TestSupport
 import Wire
 
 final class StopFlag: Sendable {
@@ -295,7 +296,8 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
             print("EngineLoaderTests: skipped the swap race (needs root to chown)")
             return
         }
-        try await withTemporaryDirectory { directory in
+        // Thousands of loads in a synchronous loop: off the cooperative pool.
+        try await offThePool { try await withTemporaryDirectory { directory in
             let safe = directory + "/safe"
             let theirs = directory + "/theirs"
             for path in [safe, theirs] { try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false) }
@@ -338,7 +340,7 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
             stop.value.withLock { $0 = true }
             #expect(!FileManager.default.fileExists(atPath: marker), "the other user's engine ran")
             #expect(loads > 0 && refusals > 0, "\(loads) loads, \(refusals) refusals: the link did not flip")
-        }
+        } }
     }
 
     @Test func unknownOptionsAreRefusedAtStartUp() throws {
