@@ -16,7 +16,8 @@ public enum WriteOperation: Sendable {
             self = .chain(steps)
             return
         }
-        switch steps.removeLast() {
+        // Read, not removed: the array is usually shared with the message it came in (removing would copy it).
+        switch steps[0] {
         case .insert(let items): self = .insert(items)
         case .remove(let ids): self = .remove(ids)
         case .removeAll: self = .removeAll
