@@ -162,6 +162,7 @@ struct MirrorWaiters {
     }
 
     /// `epoch` nil: whatever the epoch, once the mirror's sequence is at least `sequence`.
+    @usableFromInline
     func isReached(epoch: UInt64?, sequence: UInt64, mirror: (epoch: UInt64, sequence: UInt64)) -> Bool {
         guard let epoch else { return mirror.sequence >= sequence }
         return (mirror.epoch == epoch && mirror.sequence >= sequence) || (seen.contains(epoch) && mirror.epoch != epoch)
@@ -218,7 +219,7 @@ protocol MirrorState {
 
 extension MirrorState {
     @inlinable var position: (epoch: UInt64, sequence: UInt64) { (epoch, sequence) }
-    var isLoaded: Bool { if case .value = phase { true } else { false } }
+    @inlinable var isLoaded: Bool { if case .value = phase { true } else { false } }
     var isStopped: Bool {
         if case .error(let error) = phase { return !(error.isUnavailable || error.kind == .timedOut) }
         return false
@@ -263,17 +264,23 @@ extension Locked where Value: MirrorState {
 
     /// Returns once the mirror holds the commit at (epoch, sequence) (any epoch when `epoch` is nil); throws
     /// when the mirror stops or loses the broker first.
-    @usableFromInline func waitUntilReached(_ what: @autoclosure () -> String, epoch: UInt64?, sequence: UInt64) async throws(StoreBrokerError) {
+    @inlinable func waitUntilReached(_ what: @autoclosure () -> String, epoch: UInt64?, sequence: UInt64) async throws(StoreBrokerError) {
         // Usually already there (a write's answer is resumed after the pushes its read brought): no suspension.
         // The usual case is decided from the mirror's position alone: `waiters`, read through the protocol, is a
-        // copy of its three collections (a retain and release of each, per write).
+        // copy of its three collections (a retain and release of each, per write). Inlined, so that the app's
+        // build specializes it for its mirror: a generic call looked the mirror's type up at run time per write.
         let reached = withLock { state in
             guard state.isLoaded else { return false }
             if epoch == nil || epoch == state.epoch, state.sequence >= sequence { return true }
             return state.waiters.isReached(epoch: epoch, sequence: sequence, mirror: state.position)
         }
         if reached, !Task.isCancelled { return }
-        try await suspend(what()) { state, key, continuation in
+        try await suspendUntilReached(what(), epoch: epoch, sequence: sequence)
+    }
+
+    /// `waitUntilReached` once the mirror is not there yet: waits for it.
+    @usableFromInline func suspendUntilReached(_ what: String, epoch: UInt64?, sequence: UInt64) async throws(StoreBrokerError) {
+        try await suspend(what) { state, key, continuation in
             if case .error(let error) = state.phase { return .failure(error) }
             if state.isLoaded, state.waiters.isReached(epoch: epoch, sequence: sequence, mirror: state.position) {
                 return .success(())

@@ -214,10 +214,16 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     /// A store whose items are identified by `cacheIdentifier`. Starts following the broker at once; `items`
     /// is empty until it has loaded (`itemsHaveLoaded()`, `loadState`).
-    public init(client: BrokerClient, name: String, cacheIdentifier: KeyPath<Item, String> & Sendable) {
+    public convenience init(client: BrokerClient, name: String, cacheIdentifier: KeyPath<Item, String> & Sendable) {
+        self.init(client: client, name: name, identifier: { $0[keyPath: cacheIdentifier] })
+    }
+
+    /// A store whose items are identified by `identifier`: what the initializers of `Identifiable` items pass, a
+    /// property read, where a key path is applied by the runtime's generic key-path code for every item written.
+    init(client: BrokerClient, name: String, identifier: @escaping @Sendable (Item) -> String) {
         self.client = client
         self.name = name
-        self.identifier = { $0[keyPath: cacheIdentifier] }
+        self.identifier = identifier
         self.state = Locked(Mirror())
         start()
     }
@@ -227,7 +233,14 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     public convenience init(
         client: BrokerClient, loading name: String, cacheIdentifier: KeyPath<Item, String> & Sendable
     ) async throws(StoreBrokerError) {
-        self.init(client: client, name: name, cacheIdentifier: cacheIdentifier)
+        try await self.init(client: client, loading: name, identifier: { $0[keyPath: cacheIdentifier] })
+    }
+
+    /// `init(client:loading:cacheIdentifier:)` with the identifier as a closure.
+    convenience init(
+        client: BrokerClient, loading name: String, identifier: @escaping @Sendable (Item) -> String
+    ) async throws(StoreBrokerError) {
+        self.init(client: client, name: name, identifier: identifier)
         do throws(StoreBrokerError) {
             try await itemsHaveLoaded()
         } catch {
@@ -733,23 +746,23 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 extension RemoteStore where Item: Identifiable, Item.ID == String {
     /// A store of `Identifiable` items with `String` ids.
     public convenience init(client: BrokerClient, name: String) {
-        self.init(client: client, name: name, cacheIdentifier: \Item.id)
+        self.init(client: client, name: name, identifier: { $0.id })
     }
 
     /// A store of `Identifiable` items with `String` ids, returned once loaded.
     public convenience init(client: BrokerClient, loading name: String) async throws(StoreBrokerError) {
-        try await self.init(client: client, loading: name, cacheIdentifier: \Item.id)
+        try await self.init(client: client, loading: name, identifier: { $0.id })
     }
 }
 
 extension RemoteStore where Item: Identifiable, Item.ID == UUID {
     /// A store of `Identifiable` items with `UUID` ids (stored as their `uuidString`).
     public convenience init(client: BrokerClient, name: String) {
-        self.init(client: client, name: name, cacheIdentifier: \Item.id.uuidString)
+        self.init(client: client, name: name, identifier: { $0.id.uuidString })
     }
 
     /// A store of `Identifiable` items with `UUID` ids, returned once loaded.
     public convenience init(client: BrokerClient, loading name: String) async throws(StoreBrokerError) {
-        try await self.init(client: client, loading: name, cacheIdentifier: \Item.id.uuidString)
+        try await self.init(client: client, loading: name, identifier: { $0.id.uuidString })
     }
 }
