@@ -303,6 +303,8 @@ final class ClientHandler: ChannelInboundHandler {
     let line: RequestLine
     /// Answers read in this read cycle, resumed at its end (`channelReadComplete`).
     private var answered: [(BrokerConnection.Answer, Result<ServerMessage, StoreBrokerError>)] = []
+    /// The list `resumeAnswered` last emptied, kept for the next read (no allocation per read).
+    private var spareAnswered: [(BrokerConnection.Answer, Result<ServerMessage, StoreBrokerError>)] = []
     private var streams: [UInt32: Sink] = [:]
     private let pushBuffer: Int
     private let requestTimeout: TimeAmount?
@@ -501,9 +503,13 @@ final class ClientHandler: ChannelInboundHandler {
 
     private func resumeAnswered() {
         guard !answered.isEmpty else { return }
-        let ready = answered
-        answered.removeAll(keepingCapacity: true)
+        // Swapped out, not copied: emptying a copy's shared storage allocated a new list for every read.
+        var ready = spareAnswered
+        spareAnswered = []
+        swap(&ready, &answered)
         for (continuation, result) in ready { continuation.resume(returning: result) }
+        ready.removeAll(keepingCapacity: true)
+        spareAnswered = ready
     }
 
     private func receive(id: UInt32, _ message: ServerMessage) {

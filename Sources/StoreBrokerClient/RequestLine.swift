@@ -42,6 +42,43 @@ final class RequestLine: Sendable {
         var maxFrameLength = WireProtocol.handshakeMaxFrameLength
         /// Hands bytes to the channel, on the event loop (set once the handler exists).
         var channelWriter: (@Sendable (ByteBuffer) -> Void)?
+        /// The bytes of the last write, kept for the next (its storage is reused when the socket took them all).
+        var scratch = ByteBuffer()
+        /// The largest scratch buffer kept: a connection does not hold on to the memory of its biggest write.
+        static let scratchCapacity = 64 * 1024
+
+        /// The requests to write are encoded into this (empty; the scratch buffer when it is free).
+        mutating func takeScratch() -> ByteBuffer {
+            var out = ByteBuffer()
+            swap(&out, &scratch)
+            out.clear()
+            return out
+        }
+
+        /// Writes `out` (the requests `registered`, registered already) to the socket from the caller's thread
+        /// when nothing waits in the channel before it, and what does not fit to the channel; false when the
+        /// connection is closed (the requests are then taken out of `pending`).
+        mutating func write(_ out: consuming ByteBuffer, registered: (inout [UInt32: Pending]) -> Void) -> Bool {
+            if queued == 0, descriptor >= 0 {
+                let written = out.withUnsafeReadableBytes { bytes in
+                    Glibc.send(descriptor, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
+                }
+                if written == out.readableBytes {
+                    // All written: its storage serves the next write (unless a big one made it big).
+                    if out.capacity <= Self.scratchCapacity { scratch = out }
+                    return true
+                }
+                // The socket is full (or failing: the channel then finds out and fails what is pending).
+                if written > 0 { out.moveReaderIndex(forwardBy: written) }
+            }
+            guard let handOff = channelWriter else {
+                registered(&pending)
+                return false
+            }
+            queued += 1
+            handOff(out)
+            return true
+        }
     }
 
     private let state: Locked<State>
@@ -72,8 +109,24 @@ final class RequestLine: Sendable {
     /// Registers `entry` under the next id and writes `request`; returns the id, or the failure (nothing was
     /// registered or written).
     func send(_ request: ClientMessage, _ entry: Pending) -> Result<UInt32, StoreBrokerError> {
-        send(CollectionOfOne((request, entry)))[0]
+        // `send(_:)` for one request, without its lists: a request here is the usual write.
+        state.withLock { state -> Result<UInt32, StoreBrokerError> in
+            if let failure = state.failure { return .failure(failure) }
+            var out = state.takeScratch()
+            let id = state.nextID
+            do throws(WireError) {
+                try request.encode(id: id, maxFrameLength: state.maxFrameLength, into: &out)
+            } catch {
+                return .failure(StoreBrokerError(.protocolViolation, code: error.code, error.message))
+            }
+            state.nextID = id == UInt32.max ? 1 : id + 1
+            state.pending[id] = entry
+            guard state.write(out, registered: { $0[id] = nil }) else { return .failure(Self.closed) }
+            return .success(id)
+        }
     }
+
+    private static let closed = StoreBrokerError(.connectionClosed, "the connection to the broker closed")
 
     /// Registers and writes several requests back to back, in one write (pipelined, in this order); each gets
     /// its id or its failure (a request that cannot be encoded fails alone).
@@ -83,7 +136,8 @@ final class RequestLine: Sendable {
             var results: [Result<UInt32, StoreBrokerError>] = []
             results.reserveCapacity(requests.count)
             var registered: [UInt32] = []
-            var out = ByteBuffer()
+            registered.reserveCapacity(requests.count)
+            var out = state.takeScratch()
             for (request, entry) in requests {
                 let id = state.nextID
                 do throws(WireError) {
@@ -98,21 +152,9 @@ final class RequestLine: Sendable {
                 results.append(.success(id))
             }
             guard out.readableBytes > 0 else { return results }
-            if state.queued == 0, state.descriptor >= 0 {
-                let written = out.withUnsafeReadableBytes { bytes in
-                    Glibc.send(state.descriptor, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
-                }
-                if written == out.readableBytes { return results }
-                // The socket is full (or failing: the channel then finds out and fails what is pending).
-                if written > 0 { out.moveReaderIndex(forwardBy: written) }
+            guard state.write(out, registered: { pending in for id in registered { pending[id] = nil } }) else {
+                return results.map { $0.flatMap { _ in .failure(Self.closed) } }
             }
-            guard let handOff = state.channelWriter else {
-                let closed = StoreBrokerError(.connectionClosed, "the connection to the broker closed")
-                for id in registered { state.pending[id] = nil }
-                return results.map { $0.flatMap { _ in .failure(closed) } }
-            }
-            state.queued += 1
-            handOff(out)
             return results
         }
     }
