@@ -452,7 +452,12 @@ final class ManagedStore: Sendable {
         silenced: [ObjectIdentifier?] = []
     ) {
         var ended: [ObjectIdentifier] = []
-        if !subscribers.isEmpty {
+        // A store followed by one mirror that made every write of the group itself (`RemoteStore`): no push is
+        // made at all, not even the list of them.
+        let onlySilenced =
+            subscribers.count == 1 && !silenced.isEmpty
+            && silenced.allSatisfy { $0 == ObjectIdentifier(subscribers[0]) }
+        if !subscribers.isEmpty, !onlySilenced {
             for (index, (push, position)) in pushes().enumerated() {
                 let quiet = silenced.isEmpty ? nil : silenced[index]
                 if let quiet, subscribers.count == 1, ObjectIdentifier(subscribers[0]) == quiet { continue }
