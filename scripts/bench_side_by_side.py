@@ -73,7 +73,7 @@ def wait_for_socket(path, process, what):
 
 
 class Redis:
-    def __init__(self, work, *config):
+    def __init__(self, work, *config, cpu=None):
         self.work = work
         self.socket = work.path("redis.sock")
         data = work.path("redis-data")
@@ -83,7 +83,7 @@ class Redis:
             os.unlink(self.socket)
         self.process = work.spawn(
             ["redis-server", "--port", "0", "--unixsocket", self.socket, "--dir", data, "--save", ""] + list(config),
-            "redis.log")
+            "redis.log", cpu=cpu)
         wait_for_socket(self.socket, self.process, "redis-server")
 
     def stop(self):
@@ -263,6 +263,59 @@ class Bench:
                            ("get, 1 client: p50", "get_p50", "µs", "lower", "GET"),
                            ("get, 1 client: p99", "get_p99", "µs", "lower", "GET")] + metrics
             self.pair(label, ours, theirs, metrics)
+
+    def ping_floor(self):
+        # One waiting client: ping, get and insert p50, ours against Redis's PING, GET and SET, and our get and
+        # insert against our own ping (issue 14's targets). One run of each (the "1 client" rows above) moves by
+        # more than the 5-10% a target allows here, and left to itself the kernel put the client beside the server
+        # in some runs (a ping p50 of ~10 µs) and away from it in others (~80 µs). So: each server pinned to one
+        # core and the client pinned to that core and to another in turn; on one daemon and one Redis, rounds of
+        # ping, insert and get on both sides (4,000 requests each, the order turned round every round); each ratio
+        # is the median of its rounds' ratios, each within one round and placement.
+        count = str(self.n(4_000, 1_000))
+        cpus = sorted(os.sched_getaffinity(0))
+        placements = [("client on the server's core", cpus[0])]
+        if len(cpus) > 1:
+            placements.append(("client on another core", cpus[1]))
+        tests = [("ping", "PING_MBULK", "ping_mbulk"), ("insert", "SET", "set"), ("get", "GET", "get")]
+        ours = {(test, place): [] for test, _, _ in tests for place, _ in placements}
+        theirs = {(test, place): [] for test, _, _ in tests for place, _ in placements}
+        for run_index in range(self.runs):
+            broker = Broker(self.work, self.bin, engine="memory", cpu=cpus[0])
+            redis = Redis(self.work, "--appendonly", "no", cpu=cpus[0])
+            try:
+                self.ours(broker.socket, "-t", "insert", "-c", "1", "-d", "200", "-r", "100000", "-n", "2000")
+                self.redis(redis.socket, "-t", "set", "-c", "1", "-d", "200", "-r", "100000", "-n", "2000")
+                for round_index in range(self.n(5, 2)):
+                    order = tests if (run_index + round_index) % 2 == 0 else tests[::-1]
+                    for place, cpu in placements:
+                        for test, redis_name, redis_test in order:
+                            common = ["-c", "1", "-d", "200", "-r", "100000", "-n", count, "--csv"]
+                            out = run([os.path.join(self.bin, "storebroker-benchmark"), "-s", broker.socket, "-t", test]
+                                      + common, preexec_fn=pinned(cpu))
+                            ours[(test, place)].append(csv_rows(out)[test]["p50"])
+                            out = run(["redis-benchmark", "-s", redis.socket, "-t", redis_test] + common,
+                                      preexec_fn=pinned(cpu))
+                            theirs[(test, place)].append(csv_rows(out)[redis_name]["p50"])
+            finally:
+                broker.stop()
+                redis.stop()
+        log("  ping_floor: done")
+
+        def paired(a, b):
+            return statistics.median(x / y for x, y in zip(a, b))
+
+        for place, _ in placements:
+            for test, redis_name, _ in tests:
+                row = {"ping": "ping", "insert": "insert (memory)", "get": "get"}[test]
+                self.add(f"{row}, 1 client: p50 ({place}; paired rounds)", ours[(test, place)], theirs[(test, place)],
+                         "µs", "lower", f"Redis {redis_name} (same rounds and placement)",
+                         ratio=paired(ours[(test, place)], theirs[(test, place)]))
+            for test in ["get", "insert"]:
+                row = {"insert": "insert (memory)", "get": "get"}[test]
+                self.add(f"{row} against our ping, 1 client: p50 ({place}; paired rounds)", ours[(test, place)],
+                         ours[("ping", place)], "µs", "lower", "our own ping (same rounds and placement)",
+                         ratio=paired(ours[(test, place)], ours[("ping", place)]))
 
     def batch(self):
         requests = self.n(200, 40)
@@ -568,7 +621,7 @@ class Bench:
                      f"the payload, {payload_mib:.0f} MiB")
 
     def all(self):
-        steps = [self.floor_and_shapes, self.batch, self.large_store, self.durable, self.library,
+        steps = [self.floor_and_shapes, self.ping_floor, self.batch, self.large_store, self.durable, self.library,
                  self.four_writers, self.batch_and_read, self.fanout, self.cold_start]
         if self.args.only:
             wanted = self.args.only.split(",")
