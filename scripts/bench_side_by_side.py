@@ -146,6 +146,18 @@ def pinned(cpu):
     return lambda: os.sched_setaffinity(0, {cpu})
 
 
+def placements(server):
+    """Where a one-client round puts its client: on the core `server` is pinned to (the first this process may
+    use), then on another, if there is one. [(label, cpu)]"""
+    cpus = sorted(os.sched_getaffinity(0))
+    return [(f"client on the {server}'s core", cpus[0])] + ([("client on another core", cpus[1])] if len(cpus) > 1 else [])
+
+
+def paired(ours, theirs):
+    """The median of paired rounds' ratios (each round's own against the counterpart's beside it)."""
+    return statistics.median(a / b for a, b in zip(ours, theirs))
+
+
 def run(arguments, timeout=900, preexec_fn=None):
     result = subprocess.run(arguments, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
     if result.returncode != 0:
@@ -166,11 +178,13 @@ class Bench:
     def n(self, full, quick):
         return quick if self.quick else full
 
-    def ours(self, socket, *arguments):
-        return csv_rows(run([os.path.join(self.bin, "storebroker-benchmark"), "-s", socket, "--csv"] + list(arguments)))
+    def ours(self, socket, *arguments, cpu=None):
+        return csv_rows(run([os.path.join(self.bin, "storebroker-benchmark"), "-s", socket, "--csv"] + list(arguments),
+                            preexec_fn=pinned(cpu) if cpu is not None else None))
 
-    def redis(self, socket, *arguments):
-        return csv_rows(run(["redis-benchmark", "-s", socket, "--csv"] + list(arguments)))
+    def redis(self, socket, *arguments, cpu=None):
+        return csv_rows(run(["redis-benchmark", "-s", socket, "--csv"] + list(arguments),
+                            preexec_fn=pinned(cpu) if cpu is not None else None))
 
     def pair(self, title, ours, theirs, metrics, runs=None):
         """Runs ours() and theirs() --runs times (or `runs`), alternating which goes first. Each returns
@@ -273,46 +287,36 @@ class Bench:
         # ping, insert and get on both sides (4,000 requests each, the order turned round every round); each ratio
         # is the median of its rounds' ratios, each within one round and placement.
         count = str(self.n(4_000, 1_000))
-        cpus = sorted(os.sched_getaffinity(0))
-        placements = [("client on the server's core", cpus[0])]
-        if len(cpus) > 1:
-            placements.append(("client on another core", cpus[1]))
-        tests = [("ping", "PING_MBULK", "ping_mbulk"), ("insert", "SET", "set"), ("get", "GET", "get")]
-        ours = {(test, place): [] for test, _, _ in tests for place, _ in placements}
-        theirs = {(test, place): [] for test, _, _ in tests for place, _ in placements}
+        places = placements("server")
+        tests = [("ping", "PING_MBULK", "ping_mbulk", "ping"), ("insert", "SET", "set", "insert (memory)"),
+                 ("get", "GET", "get", "get")]
+        ours = {(test, place): [] for test, *_ in tests for place, _ in places}
+        theirs = {(test, place): [] for test, *_ in tests for place, _ in places}
+        server_cpu = places[0][1]
         for run_index in range(self.runs):
-            broker = Broker(self.work, self.bin, engine="memory", cpu=cpus[0])
-            redis = Redis(self.work, "--appendonly", "no", cpu=cpus[0])
+            broker = Broker(self.work, self.bin, engine="memory", cpu=server_cpu)
+            redis = Redis(self.work, "--appendonly", "no", cpu=server_cpu)
             try:
                 self.ours(broker.socket, "-t", "insert", "-c", "1", "-d", "200", "-r", "100000", "-n", "2000")
                 self.redis(redis.socket, "-t", "set", "-c", "1", "-d", "200", "-r", "100000", "-n", "2000")
                 for round_index in range(self.n(5, 2)):
                     order = tests if (run_index + round_index) % 2 == 0 else tests[::-1]
-                    for place, cpu in placements:
-                        for test, redis_name, redis_test in order:
-                            common = ["-c", "1", "-d", "200", "-r", "100000", "-n", count, "--csv"]
-                            out = run([os.path.join(self.bin, "storebroker-benchmark"), "-s", broker.socket, "-t", test]
-                                      + common, preexec_fn=pinned(cpu))
-                            ours[(test, place)].append(csv_rows(out)[test]["p50"])
-                            out = run(["redis-benchmark", "-s", redis.socket, "-t", redis_test] + common,
-                                      preexec_fn=pinned(cpu))
-                            theirs[(test, place)].append(csv_rows(out)[redis_name]["p50"])
+                    for place, cpu in places:
+                        for test, redis_name, redis_test, _ in order:
+                            shape = ["-c", "1", "-d", "200", "-r", "100000", "-n", count]
+                            ours[(test, place)].append(self.ours(broker.socket, "-t", test, *shape, cpu=cpu)[test]["p50"])
+                            theirs[(test, place)].append(
+                                self.redis(redis.socket, "-t", redis_test, *shape, cpu=cpu)[redis_name]["p50"])
             finally:
                 broker.stop()
                 redis.stop()
         log("  ping_floor: done")
-
-        def paired(a, b):
-            return statistics.median(x / y for x, y in zip(a, b))
-
-        for place, _ in placements:
-            for test, redis_name, _ in tests:
-                row = {"ping": "ping", "insert": "insert (memory)", "get": "get"}[test]
+        for place, _ in places:
+            for test, redis_name, _, row in tests:
                 self.add(f"{row}, 1 client: p50 ({place}; paired rounds)", ours[(test, place)], theirs[(test, place)],
                          "µs", "lower", f"Redis {redis_name} (same rounds and placement)",
                          ratio=paired(ours[(test, place)], theirs[(test, place)]))
-            for test in ["get", "insert"]:
-                row = {"insert": "insert (memory)", "get": "get"}[test]
+            for test, _, _, row in tests[1:]:
                 self.add(f"{row} against our ping, 1 client: p50 ({place}; paired rounds)", ours[(test, place)],
                          ours[("ping", place)], "µs", "lower", "our own ping (same rounds and placement)",
                          ratio=paired(ours[(test, place)], ours[("ping", place)]))
@@ -387,19 +391,16 @@ class Bench:
                   ("client_executor", "BrokerClient.send insert p50, task on client.executor, no JSON or mirror"),
                   ("remotestore", "RemoteStore.insert p50"),
                   ("remotestore_executor", "RemoteStore.insert p50, task on client.executor")]
-        cpus = sorted(os.sched_getaffinity(0))
-        placements = [("client on the daemon's core", cpus[0])]
-        if len(cpus) > 1:
-            placements.append(("client on another core", cpus[1]))
-        rounds = {(name, place): [] for name, _ in shapes for place, _ in placements}
-        generator = {place: [] for place, _ in placements}
-        generator_cpu = {place: [] for place, _ in placements}
+        places = placements("daemon")
+        rounds = {(name, place): [] for name, _ in shapes for place, _ in places}
+        generator = {place: [] for place, _ in places}
+        generator_cpu = {place: [] for place, _ in places}
         mirrors = []
         for _ in range(self.runs):
-            broker = Broker(self.work, self.bin, engine="memory", cpu=cpus[0])
+            broker = Broker(self.work, self.bin, engine="memory", cpu=places[0][1])
             try:
                 for _ in range(self.n(5, 2)):
-                    for place, cpu in placements:
+                    for place, cpu in places:
                         pin = pinned(cpu)
                         result = subprocess.run([os.path.join(self.bin, "storebroker-benchmark"), "-s", broker.socket,
                                                  "--csv", "-t", "insert", "-c", "1", "-d", "200", "-r", "100000", "-n",
@@ -418,13 +419,13 @@ class Bench:
             finally:
                 broker.stop()
         log("  library: done")
-        for place, _ in placements:
+        for place, _ in places:
             for name, row in shapes:
                 measured = rounds[(name, place)]
                 p50s = [r["p50_us"] for r in measured]
                 self.add(f"{row} (memory; {place})", p50s, generator[place], "µs", "lower",
                          "load generator insert p50 (paired rounds, same placement)",
-                         ratio=statistics.median(ours / theirs for ours, theirs in zip(p50s, generator[place])))
+                         ratio=paired(p50s, generator[place]))
                 self.rows[-1]["client"] = (
                     f"client {statistics.median(r['cpu_us'] for r in measured):.0f} µs CPU and "
                     f"{statistics.median(r['switches'] for r in measured):.1f} context switches per insert; "

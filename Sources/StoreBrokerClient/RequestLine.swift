@@ -43,14 +43,13 @@ final class RequestLine: Sendable {
         /// Hands bytes to the channel, on the event loop (set once the handler exists).
         var channelWriter: (@Sendable (ByteBuffer) -> Void)?
         /// The bytes of the last write, kept for the next (its storage is reused when the socket took them all).
-        var scratch = ByteBuffer()
+        var scratch: ByteBuffer?
         /// The largest scratch buffer kept: a connection does not hold on to the memory of its biggest write.
         static let scratchCapacity = 64 * 1024
 
         /// The requests to write are encoded into this (empty; the scratch buffer when it is free).
         mutating func takeScratch() -> ByteBuffer {
-            var out = ByteBuffer()
-            swap(&out, &scratch)
+            guard var out = scratch.take() else { return ByteBuffer() }
             out.clear()
             return out
         }
