@@ -40,6 +40,8 @@ let package = Package(
         .library(name: "storebroker-engine-memory", type: .dynamic, targets: ["MemoryEngine"]),
         .library(name: "storebroker-engine-sqlite", type: .dynamic, targets: ["SQLiteEngine"]),
         .library(name: "storebroker-engine-disk", type: .dynamic, targets: ["DiskEngine"]),
+        // PostgreSQL (libpq): stores shared by brokers on several hosts (docs/DISTRIBUTED.md).
+        .library(name: "storebroker-engine-postgres", type: .dynamic, targets: ["PostgresEngine"]),
         .library(name: "storebroker-engine-c-example", type: .dynamic, targets: ["CExampleEngine"]),
     ],
     dependencies: [
@@ -107,6 +109,10 @@ let package = Package(
         .target(
             name: "DiskEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "OrderedStorage"],
             path: "Sources/Engines/disk", swiftSettings: requestPath),
+        .systemLibrary(name: "CLibPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
+        .target(
+            name: "PostgresEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "CLibPQ"],
+            path: "Sources/Engines/postgres", swiftSettings: requestPath),
         // The example engine in plain C (examples/c-engine), built like the others.
         .target(name: "CExampleEngine", dependencies: ["CStorageEngine"], path: "examples/c-engine", sources: ["engine.c"],
             publicHeadersPath: "."),

@@ -6,9 +6,10 @@ set -euo pipefail
 # System packages the project builds, tests or benchmarks with (D-Bus and SQLite development files, a
 # private bus for tests, python3-dbus and python3-gi for the listener example, systemd-socket-activate and setpriv for the
 # socket-activation and other-user tests, gcc for the test engines the tests compile with cc, libglib2.0-bin for
-# gdbus in the introspection test).
+# gdbus in the introspection test, libpq-dev for the postgres engine and postgresql for the private servers its
+# tests start; Debian's own cluster, if the package starts one, is never used).
 PACKAGES=(pkg-config libsqlite3-dev libdbus-1-dev dbus-daemon dbus-bin python3 python3-dbus python3-gi systemd util-linux
-    gcc libglib2.0-bin)
+    gcc libglib2.0-bin libpq-dev postgresql)
 
 missing=()
 for package in "${PACKAGES[@]}"; do

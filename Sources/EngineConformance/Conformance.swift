@@ -119,9 +119,20 @@ struct Context: Sendable {
         return path
     }
 
+    /// The name of the store in `directory`: the same for every open of that directory, and another for every
+    /// other directory and run, so that an engine whose stores live in a shared database (SB_CAP_SHARED, named
+    /// by name, not by directory) sees a new store wherever a file engine sees a new directory.
+    func storeName(_ directory: String) -> String {
+        Context.storeName(directory)
+    }
+
+    static func storeName(_ directory: String) -> String {
+        "conformance" + directory.split(separator: "/").suffix(2).map { "-" + $0 }.joined()
+    }
+
     func open(_ directory: String, extra: [String: String] = [:]) throws -> LoadedStore {
         let store = try engine.open(
-            directory: directory, store: "conformance", options: setup.options.merging(extra) { $1 })
+            directory: directory, store: storeName(directory), options: setup.options.merging(extra) { $1 })
         guard let loaded = store as? LoadedStore else { throw Violation(message: "the loader returned another kind of store") }
         return loaded
     }

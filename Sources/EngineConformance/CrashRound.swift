@@ -21,7 +21,7 @@ enum CrashRound {
     static func run(_ context: Context, round: Int) async throws -> Outcome {
         let directory = try context.storeDirectory("crash")
         let output = context.directory + "/child-\(round).out"
-        var arguments = [context.setup.checker, childFlag, context.engine.path, directory]
+        var arguments = [context.setup.checker, childFlag, context.engine.path, directory, context.storeName(directory)]
         for (key, value) in context.setup.options.sorted(by: { $0.key < $1.key }) { arguments += ["\(key)=\(value)"] }
         let child = try ChildProcess(
             arguments, stdoutPath: output, stderrPath: context.directory + "/child-\(round).err", in: context.directory)
@@ -102,19 +102,19 @@ enum CrashRound {
         return items.compactMap { $0 }
     }
 
-    /// The child: `CHECKER --crash-child ENGINE.so DIRECTORY [KEY=VALUE ...]`. Opens the store and applies from
+    /// The child: `CHECKER --crash-child ENGINE.so DIRECTORY STORE [KEY=VALUE ...]`. Opens the store and applies from
     /// the sequence after the one it opened at, printing each sequence once its apply returned; it stops by
     /// itself after 60 s (the parent kills it long before).
     static func child(_ arguments: [String]) -> Int32 {
-        guard arguments.count >= 2 else { return 64 }
+        guard arguments.count >= 3 else { return 64 }
         var options: [String: String] = [:]
-        for pair in arguments.dropFirst(2) {
+        for pair in arguments.dropFirst(3) {
             guard let equals = pair.firstIndex(of: "=") else { return 64 }
             options[String(pair[..<equals])] = String(pair[pair.index(after: equals)...])
         }
         do {
             let engine = try EngineLoader(searchPath: EngineSearchPath(directories: [])).load(path: arguments[0])
-            let store = try engine.open(directory: arguments[1], store: "conformance", options: options)
+            let store = try engine.open(directory: arguments[1], store: arguments[2], options: options)
             let deadline = Date().addingTimeInterval(60)
             var sequence = store.openedSequence
             while Date() < deadline {

@@ -167,6 +167,9 @@ public struct EngineCapabilities: OptionSet, Hashable, Sendable, Codable {
     public static let atomic = EngineCapabilities(rawValue: 1 << 1)
     /// `apply` never waits for I/O (ABI 1.1): the broker may commit on the event loop the request came in on.
     public static let nonblocking = EngineCapabilities(rawValue: 1 << 2)
+    /// The store's data lives in a database other brokers may share (ABI 2.1): a store is its name, not its
+    /// directory.
+    public static let shared = EngineCapabilities(rawValue: 1 << 3)
 }
 
 /// An engine as listed: `detail` is the engine's version text, or why it cannot be used.

@@ -38,3 +38,21 @@ let persistentEngines = ["sqlite", "disk", "c-example"]
         }
     }
 }
+
+/// The postgres engine against a private PostgreSQL server: every property of the conformance suite, with the
+/// store named by its directory (the engine keeps stores in the database by name).
+@Suite struct PostgresEngineConformanceTests {
+    @Test func everyPropertyHolds() async throws {
+        let engine = try sharedLoader.load("postgres")
+        #expect(engine.capabilities.isSuperset(of: [.persistent, .atomic, .shared]))
+        try await withPrivatePostgres { server in
+            let setup = Setup(
+                options: ["conninfo": server.conninfo], checker: binDirectory + "/storebroker-engine-check", rounds: 2,
+                bigApply: 20_000)
+            for property in Conformance.properties {
+                let outcome = await offThePool { await Conformance.check(property, engine, setup: setup) }
+                if case .failed(let message) = outcome { Issue.record("postgres \(property.name): \(message)") }
+            }
+        }
+    }
+}

@@ -1,5 +1,5 @@
 /*
- * storebroker storage engine ABI, version 2.0 (docs/ENGINE-ABI.md "Versions" lists what each version changed).
+ * storebroker storage engine ABI, version 2.1 (docs/ENGINE-ABI.md "Versions" lists what each version changed).
  *
  * A storage engine is a shared library named libstorebroker-engine-NAME.so that exports one symbol,
  * `storebroker_engine_entry`, returning a table of function pointers. The daemon (the "host") loads it with
@@ -49,7 +49,7 @@ extern "C" {
 #endif
 
 #define SB_ENGINE_ABI_MAJOR 2
-#define SB_ENGINE_ABI_MINOR 0
+#define SB_ENGINE_ABI_MINOR 1
 
 /* The longest key, in bytes. */
 #define SB_MAX_KEY_LENGTH 1024
@@ -86,7 +86,12 @@ enum {
     SB_CAP_ATOMIC = 1u << 1,
     /* ABI 1.1: `apply` never waits (no I/O, no lock another process holds) and takes time proportional to its
        steps; the host may then call it from its event loop, sparing a thread hand-off per commit. */
-    SB_CAP_NONBLOCKING = 1u << 2
+    SB_CAP_NONBLOCKING = 1u << 2,
+    /* ABI 2.1: the store's data lives outside its directory, in a database that other processes and hosts may
+       share: a store is named by `store_name` (and the engine's options), not by `directory`, and opening the
+       same name in another directory, or on another host, opens the same store. The engine writes nothing to
+       `directory`. */
+    SB_CAP_SHARED = 1u << 3
 };
 
 /* Step kinds (`sb_step.kind`). */

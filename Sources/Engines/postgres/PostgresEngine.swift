@@ -1,0 +1,202 @@
+import CLibPQ
+import CStorageEngine
+import StorageEngineKit
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// The postgres engine: stores in a PostgreSQL database, shared by every broker that opens a store of the same
+// name with the same `conninfo` and `schema` (SB_CAP_SHARED). One connection per (conninfo, schema) for every
+// store the process has open; each apply is one transaction that also records the store's sequence. Schema:
+// docs/ENGINE-ABI.md ("The postgres engine").
+
+@_cdecl("storebroker_engine_entry")
+public func storebrokerEngineEntry() -> UnsafePointer<storebroker_engine> { postgresEngineTable }
+
+nonisolated(unsafe) private let postgresEngineTable = EngineExport.table(for: PostgresEngine())
+
+final class PostgresEngine: EngineDefinition {
+    let name = "postgres"
+    let version = "1.0.0 (libpq \(PQlibVersion()))"
+    let capabilities = UInt64(SB_CAP_PERSISTENT | SB_CAP_ATOMIC | SB_CAP_SHARED)
+    let optionKeys = ["conninfo", "schema", FailureInjection.optionKey]
+    let sessions = SessionRegistry()
+
+    /// The options, checked.
+    struct Settings {
+        /// A libpq connection string ("host=/run/pg port=5433 dbname=stores"); empty: libpq's defaults and the
+        /// PG* environment variables. Never put in a message: it may hold a password.
+        var conninfo = ""
+        /// The schema the engine's tables live in: a lowercase SQL identifier.
+        var schema = "storebroker"
+        var failure: FailureInjection
+
+        init(_ options: [String: String]) throws(EngineError) {
+            conninfo = options["conninfo", default: ""]
+            var parseError: UnsafeMutablePointer<CChar>?
+            if let parsed = PQconninfoParse(conninfo, &parseError) {
+                PQconninfoFree(parsed)
+            } else {
+                // libpq's message may quote part of the string (and so of a password): not repeated.
+                if let parseError { PQfreemem(parseError) }
+                throw EngineError.invalid("conninfo is not a valid libpq connection string (its text is not shown: it may hold a password)")
+            }
+            if let value = options["schema"] {
+                let allowed = value.utf8.allSatisfy { ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x5F }
+                guard allowed, let first = value.utf8.first, !(first >= 0x30 && first <= 0x39), value.utf8.count <= 63 else {
+                    throw EngineError.invalid(
+                        "schema must be a lowercase SQL identifier (a-z, 0-9, _; not starting with a digit; at most 63 bytes), got \(value.debugDescription)")
+                }
+                schema = value
+            }
+            failure = try FailureInjection(options: options)
+        }
+    }
+
+    func checkOptions(_ options: [String: String]) throws(EngineError) {
+        _ = try Settings(options)
+    }
+
+    func open(directory: String, store: String, options: [String: String]) throws(EngineError)
+        -> (store: any EngineStoreImplementation, sequence: UInt64)
+    {
+        let settings = try Settings(options)
+        let shared = try sessions.acquire(settings)
+        do throws(EngineError) {
+            let opened = PostgresStore(name: store, shared: shared, registry: sessions, failure: settings.failure)
+            return (opened, try opened.openSequence())
+        } catch {
+            sessions.release(shared)
+            throw error
+        }
+    }
+
+    func drop(directory: String, store: String, options: [String: String]) throws(EngineError) {
+        let settings = try Settings(options)
+        let shared = try sessions.acquire(settings)
+        defer { sessions.release(shared) }
+        try shared.use { (session, tables) throws(EngineError) in
+            try session.transaction { () throws(EngineError) in
+                try session.run("DELETE FROM \(tables.items) WHERE store = $1", [.text(store)])
+                try session.run("DELETE FROM \(tables.stores) WHERE name = $1", [.text(store)])
+            }
+        }
+    }
+}
+
+/// The engine's table names in a schema, quoted.
+struct Tables {
+    let schema: String
+    var stores: String { "\"\(schema)\".stores" }
+    var items: String { "\"\(schema)\".items" }
+    var meta: String { "\"\(schema)\".meta" }
+
+    /// The format this engine writes; a schema of another format is refused, never rewritten.
+    static let format: UInt64 = 1
+
+    /// Creates what is missing, under an advisory lock so that brokers starting at once do not race.
+    func create(_ session: Session) throws(EngineError) {
+        try session.transaction { () throws(EngineError) in
+            try session.execute(
+                """
+                SELECT pg_advisory_xact_lock(hashtext('storebroker schema \(schema)'));
+                CREATE SCHEMA IF NOT EXISTS "\(schema)";
+                CREATE TABLE IF NOT EXISTS \(meta) (name text PRIMARY KEY, value bigint NOT NULL);
+                INSERT INTO \(meta) (name, value) VALUES ('format', \(Self.format)) ON CONFLICT (name) DO NOTHING;
+                CREATE TABLE IF NOT EXISTS \(stores) (
+                    name text PRIMARY KEY,
+                    sequence bigint NOT NULL DEFAULT 0,
+                    next_position bigint NOT NULL DEFAULT 1
+                );
+                CREATE TABLE IF NOT EXISTS \(items) (
+                    store text NOT NULL,
+                    key bytea NOT NULL,
+                    position bigint NOT NULL,
+                    payload bytea NOT NULL,
+                    created_at bigint NOT NULL,
+                    updated_at bigint NOT NULL,
+                    PRIMARY KEY (store, key)
+                );
+                CREATE INDEX IF NOT EXISTS items_order ON \(items) (store, position);
+                """)
+            let format = try session.run("SELECT value FROM \(meta) WHERE name = 'format'")
+            guard format.rows == 1, format.uint64(0, 0) == Self.format else {
+                throw EngineError(
+                    Int32(SB_ERR_UNSUPPORTED),
+                    "schema \(schema) holds format \(format.rows == 1 ? String(format.uint64(0, 0)) : "none"); this engine reads format \(Self.format)")
+            }
+        }
+    }
+}
+
+/// A connection shared by every store of one (conninfo, schema), one caller at a time.
+final class SharedSession: @unchecked Sendable {
+    let key: String
+    let tables: Tables
+    private let conninfo: String
+    private var session: Session?
+    private let lock = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    /// Guarded by the registry's lock.
+    var users = 0
+
+    init(key: String, conninfo: String, schema: String) {
+        self.key = key
+        self.conninfo = conninfo
+        self.tables = Tables(schema: schema)
+        pthread_mutex_init(lock, nil)
+    }
+
+    deinit {
+        pthread_mutex_destroy(lock)
+        lock.deallocate()
+    }
+
+    /// Runs `body` with the connection (made, or remade after a loss, first) and the schema ready.
+    func use<T>(_ body: (Session, Tables) throws(EngineError) -> T) throws(EngineError) -> T {
+        pthread_mutex_lock(lock)
+        defer { pthread_mutex_unlock(lock) }
+        let current: Session
+        if let session {
+            try session.ensureConnected()
+            current = session
+        } else {
+            current = try Session(conninfo: conninfo)
+            try tables.create(current)
+            session = current
+        }
+        return try body(current, tables)
+    }
+}
+
+/// The shared connections, by (conninfo, schema); closed when their last store closes.
+final class SessionRegistry: @unchecked Sendable {
+    private var sessions: [String: SharedSession] = [:]
+    private let lock = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+
+    init() { pthread_mutex_init(lock, nil) }
+
+    func acquire(_ settings: PostgresEngine.Settings) throws(EngineError) -> SharedSession {
+        let key = settings.conninfo + "\u{0}" + settings.schema
+        pthread_mutex_lock(lock)
+        let shared = sessions[key] ?? SharedSession(key: key, conninfo: settings.conninfo, schema: settings.schema)
+        sessions[key] = shared
+        shared.users += 1
+        pthread_mutex_unlock(lock)
+        // Connect now, so that an unreachable server fails the open, not the first apply.
+        do throws(EngineError) {
+            try shared.use { (_, _) throws(EngineError) in }
+        } catch {
+            release(shared)
+            throw error
+        }
+        return shared
+    }
+
+    func release(_ shared: SharedSession) {
+        pthread_mutex_lock(lock)
+        defer { pthread_mutex_unlock(lock) }
+        shared.users -= 1
+        if shared.users == 0, sessions[shared.key] === shared { sessions[shared.key] = nil }
+    }
+}
