@@ -67,6 +67,8 @@ public struct EngineError: LayerError, Sendable {
         case Int32(SB_ERR_STOPPED): "stopped"
         case Int32(SB_ERR_INTERNAL): "internal"
         case Int32(SB_ERR_INJECTED): "injected"
+        case Int32(SB_ERR_CONFLICT): "conflict"
+        case Int32(SB_ERR_GONE): "gone"
         default: "engine-\(code)"
         }
     }
@@ -89,6 +91,33 @@ public protocol EngineDefinition: AnyObject, Sendable {
     func open(directory: String, store: String, options: [String: String]) throws(EngineError)
         -> (store: any EngineStoreImplementation, sequence: UInt64)
     func drop(directory: String, store: String, options: [String: String]) throws(EngineError)
+}
+
+/// An engine whose stores live in a database several hosts share (SB_CAP_SHARED, ABI 2.1): it also watches them.
+public protocol SharedEngineDefinition: EngineDefinition {
+    /// Starts watching every store under `options`; the watch and the descriptor that becomes readable when
+    /// stores may have changed.
+    func watch(options: [String: String]) throws(EngineError) -> (watch: any EngineWatchImplementation, descriptor: Int32)
+}
+
+/// A watch (`watch_open`): one caller at a time.
+public protocol EngineWatchImplementation: AnyObject {
+    /// Hands `changed` each store the notices since the last call name (nil: any store may have changed); the
+    /// descriptor to wait on next (-1: call again after a short wait).
+    func changes(_ changed: (String?) -> Void) throws(EngineError) -> Int32
+    func close()
+}
+
+/// A store of a shared engine (ABI 2.1): loads in one snapshot, commits at an expected position, reads the log.
+public protocol SharedEngineStoreImplementation: EngineStoreImplementation {
+    /// Every item in order, and the position of that same snapshot.
+    func load(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) -> sb_position
+    /// `apply` only at `expected` (else SB_ERR_CONFLICT), recording `epoch` and logging `commits`.
+    func apply(
+        _ steps: UnsafeBufferPointer<sb_step>, at expected: sb_position, epoch: UInt64, commits: UnsafeBufferPointer<sb_commit>
+    ) throws(EngineError)
+    /// The logged commits of `epoch` after `after`, in order; the stored position.
+    func commits(epoch: UInt64, after: UInt64, emit: (UnsafePointer<sb_commit>) -> Bool) throws(EngineError) -> sb_position
 }
 
 /// One open store. Calls never overlap (the host serializes them).
@@ -220,11 +249,68 @@ public enum EngineExport {
                 report(error) { () throws(EngineError) in
                     outCount!.pointee = try EngineExport.store(handle).count()
                 }
-            })
-        raw.initializeMemory(as: storebroker_engine.self, to: table)
+            },
+            load: nil, apply_at: nil, commits_since: nil, watch_open: nil, watch_changes: nil, watch_close: nil)
+        var filled = table
+        if engine is any SharedEngineDefinition { EngineExport.fillShared(&filled) }
+        raw.initializeMemory(as: storebroker_engine.self, to: filled)
         (raw + tableSize).storeBytes(
             of: Unmanaged.passRetained(EngineBox(engine)).toOpaque(), as: UnsafeMutableRawPointer.self)
         return UnsafePointer(raw.assumingMemoryBound(to: storebroker_engine.self))
+    }
+
+    /// The ABI 2.1 members, for an engine that shares its stores.
+    static func fillShared(_ table: inout storebroker_engine) {
+        table.load = { handle, sink, context, outPosition, error in
+            report(error) { () throws(EngineError) in
+                outPosition!.pointee = try EngineExport.sharedStore(handle).load { sink!(context, $0) == 0 }
+            }
+        }
+        table.apply_at = { handle, steps, count, expected, epoch, commits, commitCount, error in
+            report(error) { () throws(EngineError) in
+                try EngineExport.sharedStore(handle).apply(
+                    UnsafeBufferPointer(start: steps, count: count), at: expected, epoch: epoch,
+                    commits: UnsafeBufferPointer(start: commits, count: commitCount))
+            }
+        }
+        table.commits_since = { handle, epoch, after, sink, context, outPosition, error in
+            report(error) { () throws(EngineError) in
+                outPosition!.pointee = try EngineExport.sharedStore(handle).commits(epoch: epoch, after: after) {
+                    sink!(context, $0) == 0
+                }
+            }
+        }
+        table.watch_open = { table, options, count, outWatch, outDescriptor, error in
+            report(error) { () throws(EngineError) in
+                guard let shared = EngineExport.definition(table!) as? any SharedEngineDefinition else {
+                    throw EngineError(Int32(SB_ERR_UNSUPPORTED), "the engine does not share its stores")
+                }
+                let opened = try shared.watch(options: EngineExport.options(options, count))
+                outWatch!.pointee = OpaquePointer(Unmanaged.passRetained(WatchBox(opened.watch)).toOpaque())
+                outDescriptor!.pointee = opened.descriptor
+            }
+        }
+        table.watch_changes = { handle, sink, context, outDescriptor, error in
+            outDescriptor?.pointee = -1
+            return report(error) { () throws(EngineError) in
+                let watch = Unmanaged<WatchBox>.fromOpaque(UnsafeRawPointer(handle!)).takeUnretainedValue().watch
+                outDescriptor!.pointee = try watch.changes { name in
+                    if let name { _ = name.withCString { sink!(context, $0) } } else { _ = sink!(context, nil) }
+                }
+            }
+        }
+        table.watch_close = { handle in
+            let box = Unmanaged<WatchBox>.fromOpaque(UnsafeRawPointer(handle!))
+            box.takeUnretainedValue().watch.close()
+            box.release()
+        }
+    }
+
+    static func sharedStore(_ handle: OpaquePointer?) throws(EngineError) -> any SharedEngineStoreImplementation {
+        guard let shared = store(handle) as? any SharedEngineStoreImplementation else {
+            throw EngineError(Int32(SB_ERR_UNSUPPORTED), "the store is not shared")
+        }
+        return shared
     }
 
     static func definition(_ table: UnsafePointer<storebroker_engine>) -> any EngineDefinition {
@@ -250,6 +336,11 @@ public enum EngineExport {
 private final class EngineBox {
     let engine: any EngineDefinition
     init(_ engine: any EngineDefinition) { self.engine = engine }
+}
+
+private final class WatchBox {
+    let watch: any EngineWatchImplementation
+    init(_ watch: any EngineWatchImplementation) { self.watch = watch }
 }
 
 private final class StoreBox {

@@ -67,7 +67,10 @@ enum {
     SB_ERR_UNSUPPORTED = 5, /* the engine cannot do this */
     SB_ERR_STOPPED = 6,     /* a callback asked to stop; not a failure of the engine */
     SB_ERR_INTERNAL = 7,    /* a bug in the engine */
-    SB_ERR_INJECTED = 8     /* a failure injected on purpose by the `fail_after_steps` test option */
+    SB_ERR_INJECTED = 8,    /* a failure injected on purpose by the `fail_after_steps` test option */
+    /* ABI 2.1, shared engines: */
+    SB_ERR_CONFLICT = 9,    /* `apply_at`: the stored position is not the expected one (another host committed) */
+    SB_ERR_GONE = 10        /* `commits_since`: the commit log no longer reaches back that far */
 };
 
 /* Durability. SB_OK from `apply` means the apply survives the engine's process being killed at any moment
@@ -147,6 +150,31 @@ typedef struct sb_item {
  * engine call, never after that call returns. */
 typedef int32_t (*sb_item_sink)(void *context, const sb_item *item);
 
+/* ABI 2.1. A store's position: the epoch of its incarnation (0: the store does not exist) and the sequence of
+ * its last commit. The epoch is the host's (a random non-zero number it picks when a store is created); a shared
+ * engine keeps it so that every host sees the same. */
+typedef struct sb_position {
+    uint64_t epoch;
+    uint64_t sequence;
+} sb_position;
+
+/* ABI 2.1. One commit of a shared store, as the commit log keeps it: its sequence and the host's record of it
+ * (bytes the engine keeps and hands back unread). */
+typedef struct sb_commit {
+    uint64_t sequence;
+    sb_bytes record;
+} sb_commit;
+
+/* The callback of `commits_since`: as `sb_item_sink`, once per commit, in sequence order. */
+typedef int32_t (*sb_commit_sink)(void *context, const sb_commit *commit);
+
+/* The callback of `watch_changes`: the name of a store that may have new commits, or NULL for "any store may
+ * have changed" (after the engine lost and remade its watch, when notices may have been missed). */
+typedef int32_t (*sb_name_sink)(void *context, const char *store_name);
+
+/* A watch on every store of a shared engine: opaque, owned by the engine from `watch_open` until `watch_close`. */
+typedef struct sb_watch sb_watch;
+
 /* An open store: opaque, owned by the engine from `open` until `close`. */
 typedef struct sb_store sb_store;
 
@@ -211,6 +239,44 @@ struct storebroker_engine {
     /* Sets `*out_count` to the number of items, which the next `scan` must yield (the host sizes its memory
      * from it before the scan). */
     int32_t (*count)(sb_store *store, uint64_t *out_count, sb_error *error);
+
+    /* --- ABI 2.1: shared stores. An engine that sets SB_CAP_SHARED fills all of these; any other sets them NULL
+     * (or reports a struct_size that ends before them). The host then commits only through `apply_at`, loads
+     * through `load`, and learns of other hosts' commits through the watch and `commits_since`. --- */
+
+    /* Reads, in one snapshot, the store's position and every item (as `scan`, in order). The host loads a shared
+     * store with it (another host may commit between an `open` and a `scan`: their results could disagree). */
+    int32_t (*load)(sb_store *store, sb_item_sink sink, void *context, sb_position *out_position, sb_error *error);
+
+    /* Applies `steps` as `apply` does, only if the store's stored position is `expected` ({0, 0}: the store does
+     * not exist, and this creates it), all in one transaction: records the position {epoch, the last commit's
+     * sequence} and keeps each of `commits` (ascending sequences, each one more than the one before, the first
+     * one more than expected.sequence, or 1 with a new epoch) in the store's commit log. Fails with
+     * SB_ERR_CONFLICT, writing nothing, when the stored position is another: the host then catches up
+     * (`commits_since`) and plans again. `epoch` equals expected.epoch unless expected is {0, 0}. */
+    int32_t (*apply_at)(sb_store *store, const sb_step *steps, size_t step_count, sb_position expected, uint64_t epoch,
+                        const sb_commit *commits, size_t commit_count, sb_error *error);
+
+    /* Calls `sink` with every logged commit of epoch `epoch` after sequence `after`, in order, up to the stored
+     * position at the time of the call, and sets `*out_position` to that position. If the store's epoch is no
+     * longer `epoch` (it was dropped, and perhaps created again) it calls nothing, sets the position and returns
+     * SB_OK: the host compares. SB_ERR_GONE when the log no longer holds commit after + 1 (the host reloads). */
+    int32_t (*commits_since)(sb_store *store, uint64_t epoch, uint64_t after, sb_commit_sink sink, void *context,
+                             sb_position *out_position, sb_error *error);
+
+    /* Starts watching every store of the engine with these options (its own connection, for a database). Sets
+     * `*out_watch`, and `*out_fd` to a descriptor that becomes readable when stores may have changed. */
+    int32_t (*watch_open)(const storebroker_engine *engine, const sb_option *options, size_t option_count,
+                          sb_watch **out_watch, int *out_fd, sb_error *error);
+
+    /* Never blocks: calls `sink` with each store named by the notices that arrived since the last call, then
+     * sets `*out_fd` (the descriptor can change when the engine remakes its watch; -1: call again after a
+     * short wait). On a lost connection it tries once to remake it: on success it calls `sink` with NULL
+     * (notices may have been missed) and returns SB_OK; on failure it returns the error and `*out_fd` is -1. */
+    int32_t (*watch_changes)(sb_watch *watch, sb_name_sink sink, void *context, int *out_fd, sb_error *error);
+
+    /* Ends the watch; `watch` is not used again. */
+    void (*watch_close)(sb_watch *watch);
 
     /* --- Members added by later minor versions go here, and only here. --- */
 };

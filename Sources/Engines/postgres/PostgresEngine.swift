@@ -16,11 +16,11 @@ public func storebrokerEngineEntry() -> UnsafePointer<storebroker_engine> { post
 
 nonisolated(unsafe) private let postgresEngineTable = EngineExport.table(for: PostgresEngine())
 
-final class PostgresEngine: EngineDefinition {
+final class PostgresEngine: SharedEngineDefinition {
     let name = "postgres"
     let version = "1.0.0 (libpq \(PQlibVersion()))"
     let capabilities = UInt64(SB_CAP_PERSISTENT | SB_CAP_ATOMIC | SB_CAP_SHARED)
-    let optionKeys = ["conninfo", "schema", FailureInjection.optionKey]
+    let optionKeys = ["conninfo", "schema", "log_commits", FailureInjection.optionKey]
     let sessions = SessionRegistry()
 
     /// The options, checked.
@@ -30,6 +30,8 @@ final class PostgresEngine: EngineDefinition {
         var conninfo = ""
         /// The schema the engine's tables live in: a lowercase SQL identifier.
         var schema = "storebroker"
+        /// Commits each store's log keeps: a broker further behind than this reloads the store.
+        var logCommits: UInt64 = 10_000
         var failure: FailureInjection
 
         init(_ options: [String: String]) throws(EngineError) {
@@ -50,6 +52,12 @@ final class PostgresEngine: EngineDefinition {
                 }
                 schema = value
             }
+            if let text = options["log_commits"] {
+                guard let value = UInt64(text), value >= 1 else {
+                    throw EngineError.invalid("log_commits must be a whole number of commits, at least 1, got \(text.debugDescription)")
+                }
+                logCommits = value
+            }
             failure = try FailureInjection(options: options)
         }
     }
@@ -64,7 +72,8 @@ final class PostgresEngine: EngineDefinition {
         let settings = try Settings(options)
         let shared = try sessions.acquire(settings)
         do throws(EngineError) {
-            let opened = PostgresStore(name: store, shared: shared, registry: sessions, failure: settings.failure)
+            let opened = PostgresStore(
+                name: store, shared: shared, registry: sessions, logCommits: settings.logCommits, failure: settings.failure)
             return (opened, try opened.openSequence())
         } catch {
             sessions.release(shared)
@@ -79,9 +88,19 @@ final class PostgresEngine: EngineDefinition {
         try shared.use { (session, tables) throws(EngineError) in
             try session.transaction { () throws(EngineError) in
                 try session.run("DELETE FROM \(tables.items) WHERE store = $1", [.text(store)])
+                try session.run("DELETE FROM \(tables.commits) WHERE store = $1", [.text(store)])
                 try session.run("DELETE FROM \(tables.stores) WHERE name = $1", [.text(store)])
+                try session.run("SELECT pg_notify($1, $2)", [.text(tables.channel), .text(store)])
             }
         }
+    }
+}
+
+extension PostgresEngine {
+    func watch(options: [String: String]) throws(EngineError) -> (watch: any EngineWatchImplementation, descriptor: Int32) {
+        let settings = try Settings(options)
+        let watch = try Watch(conninfo: settings.conninfo, tables: Tables(schema: settings.schema))
+        return (watch, watch.descriptor)
     }
 }
 
@@ -91,6 +110,9 @@ struct Tables {
     var stores: String { "\"\(schema)\".stores" }
     var items: String { "\"\(schema)\".items" }
     var meta: String { "\"\(schema)\".meta" }
+    var commits: String { "\"\(schema)\".commits" }
+    /// The notification channel commits and drops are announced on (the payload: the store's name).
+    var channel: String { "storebroker.\(schema)" }
 
     /// The format this engine writes; a schema of another format is refused, never rewritten.
     static let format: UInt64 = 1
@@ -106,6 +128,7 @@ struct Tables {
                 INSERT INTO \(meta) (name, value) VALUES ('format', \(Self.format)) ON CONFLICT (name) DO NOTHING;
                 CREATE TABLE IF NOT EXISTS \(stores) (
                     name text PRIMARY KEY,
+                    epoch bigint NOT NULL DEFAULT 0,
                     sequence bigint NOT NULL DEFAULT 0,
                     next_position bigint NOT NULL DEFAULT 1
                 );
@@ -119,6 +142,13 @@ struct Tables {
                     PRIMARY KEY (store, key)
                 );
                 CREATE INDEX IF NOT EXISTS items_order ON \(items) (store, position);
+                CREATE TABLE IF NOT EXISTS \(commits) (
+                    store text NOT NULL,
+                    epoch bigint NOT NULL,
+                    sequence bigint NOT NULL,
+                    record bytea NOT NULL,
+                    PRIMARY KEY (store, sequence)
+                );
                 """)
             let format = try session.run("SELECT value FROM \(meta) WHERE name = 'format'")
             guard format.rows == 1, format.uint64(0, 0) == Self.format else {

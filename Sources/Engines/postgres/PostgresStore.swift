@@ -3,11 +3,12 @@ import CStorageEngine
 import StorageEngineKit
 
 /// One open store: a row of `stores` (its sequence and the next free position) and its rows of `items`.
-final class PostgresStore: EngineStoreImplementation {
+final class PostgresStore: SharedEngineStoreImplementation {
     private let name: String
     private let shared: SharedSession
     private let registry: SessionRegistry
     private let failure: FailureInjection
+    private let logCommits: UInt64
     private var closed = false
 
     /// Steps of one statement at most: a run of puts or removes longer than this is split, in one transaction.
@@ -15,8 +16,9 @@ final class PostgresStore: EngineStoreImplementation {
     /// Payload bytes of one statement at most (PostgreSQL refuses a value of 1 GiB or more).
     static let chunkBytes = 64 << 20
 
-    init(name: String, shared: SharedSession, registry: SessionRegistry, failure: FailureInjection) {
+    init(name: String, shared: SharedSession, registry: SessionRegistry, logCommits: UInt64, failure: FailureInjection) {
         self.name = name
+        self.logCommits = logCommits
         self.shared = shared
         self.registry = registry
         self.failure = failure
@@ -32,61 +34,150 @@ final class PostgresStore: EngineStoreImplementation {
     }
 
     func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence: UInt64) throws(EngineError) {
-        // Checked before anything is sent: a refused apply leaves nothing behind.
+        try check(steps)
+        try shared.use { (session, tables) throws(EngineError) in
+            try committing(session, tables, expect: { $0.sequence == sequence }) { () throws(EngineError) in
+                let stored = try lockRow(session, tables)
+                let next = try write(steps, from: stored.next, session, tables)
+                try session.run(
+                    "UPDATE \(tables.stores) SET sequence = $2, next_position = $3 WHERE name = $1",
+                    [.text(name), .int8(sequence), .int8(next)])
+            }
+        }
+    }
+
+    func apply(
+        _ steps: UnsafeBufferPointer<sb_step>, at expected: sb_position, epoch: UInt64, commits: UnsafeBufferPointer<sb_commit>
+    ) throws(EngineError) {
+        try check(steps)
+        guard let last = commits.last else { throw EngineError.invalid("apply_at without a commit") }
+        guard expected.epoch == 0 || epoch == expected.epoch else {
+            throw EngineError.invalid("apply_at with epoch \(epoch) at a position of epoch \(expected.epoch)")
+        }
+        try shared.use { (session, tables) throws(EngineError) in
+            try committing(session, tables, expect: { $0.epoch == epoch && $0.sequence == last.sequence }) {
+                () throws(EngineError) in
+                let stored = try lockRow(session, tables)
+                guard stored.position.epoch == expected.epoch, stored.position.sequence == expected.sequence else {
+                    throw EngineError(
+                        Int32(SB_ERR_CONFLICT),
+                        "store \(name) is at epoch \(stored.position.epoch) sequence \(stored.position.sequence); the commit expected epoch \(expected.epoch) sequence \(expected.sequence)")
+                }
+                if expected.epoch == 0 {
+                    try session.run("DELETE FROM \(tables.commits) WHERE store = $1", [.text(name)])
+                }
+                let next = try write(steps, from: stored.next, session, tables)
+                try session.run(
+                    "UPDATE \(tables.stores) SET epoch = $2, sequence = $3, next_position = $4 WHERE name = $1",
+                    [.text(name), .int8(epoch), .int8(last.sequence), .int8(next)])
+                var sequences = BinaryArray(of: OID.int8), records = BinaryArray(of: OID.bytea)
+                for commit in commits {
+                    sequences.append(commit.sequence)
+                    records.append(commit.record)
+                }
+                try session.run(
+                    "INSERT INTO \(tables.commits) (store, epoch, sequence, record) SELECT $1, $2, s, r FROM unnest($3::int8[], $4::bytea[]) AS t (s, r)",
+                    [.text(name), .int8(epoch), sequences.parameter, records.parameter])
+                if last.sequence > logCommits {
+                    try session.run(
+                        "DELETE FROM \(tables.commits) WHERE store = $1 AND sequence <= $2",
+                        [.text(name), .int8(last.sequence - logCommits)])
+                }
+                try session.run("SELECT pg_notify($1, $2)", [.text(tables.channel), .text(name)])
+            }
+        }
+    }
+
+    func commits(epoch: UInt64, after: UInt64, emit: (UnsafePointer<sb_commit>) -> Bool) throws(EngineError) -> sb_position {
+        try shared.use { (session, tables) throws(EngineError) in
+            try session.transaction(Self.snapshot) { () throws(EngineError) in
+                let position = try self.position(session, tables)
+                guard position.epoch == epoch, position.sequence > after else { return position }
+                var next = after + 1
+                var stopped = false
+                try session.eachRow(
+                    "SELECT sequence, record FROM \(tables.commits) WHERE store = $1 AND epoch = $2 AND sequence > $3 AND sequence <= $4 ORDER BY sequence",
+                    [.text(name), .int8(epoch), .int8(after), .int8(position.sequence)]
+                ) { rows, row in
+                    guard rows.uint64(row, 0) == next else { return false }
+                    var commit = sb_commit(sequence: next, record: rows.bytes(row, 1))
+                    stopped = !emit(&commit)
+                    next += 1
+                    return !stopped
+                }
+                if stopped { throw EngineError.stopped }
+                guard next == position.sequence + 1 else {
+                    throw EngineError(
+                        Int32(SB_ERR_GONE),
+                        "store \(name)'s commit log no longer holds commit \(next) (it keeps the last \(logCommits))")
+                }
+                return position
+            }
+        }
+    }
+
+    /// Refuses, before anything is sent, what an apply may not hold: a refused apply leaves nothing behind.
+    private func check(_ steps: UnsafeBufferPointer<sb_step>) throws(EngineError) {
         for (index, step) in steps.enumerated() {
             try failure.check(stepIndex: index)
             try step.checkKey()
             guard (1...3).contains(Int(step.kind)) else { throw EngineError.invalid("unknown step kind \(step.kind)") }
         }
-        try shared.use { (session, tables) throws(EngineError) in
-            do throws(EngineError) {
-                try session.transaction { () throws(EngineError) in
-                    var next = try lockRow(session, tables)
-                    var start = 0
-                    while start < steps.count {
-                        let kind = Int(steps[start].kind)
-                        var end = start + 1
-                        var bytes = steps[start].payload.length
-                        while end < steps.count, Int(steps[end].kind) == kind, kind != SB_STEP_REMOVE_ALL,
-                            end - start < Self.chunkSteps, bytes + steps[end].payload.length <= Self.chunkBytes
-                        {
-                            bytes += steps[end].payload.length
-                            end += 1
-                        }
-                        let run = UnsafeBufferPointer(rebasing: steps[start..<end])
-                        switch kind {
-                        case SB_STEP_PUT: next = try put(run, from: next, session, tables)
-                        case SB_STEP_REMOVE: try remove(run, session, tables)
-                        default: try session.run("DELETE FROM \(tables.items) WHERE store = $1", [.text(name)])
-                        }
-                        start = end
-                    }
-                    try session.run(
-                        "UPDATE \(tables.stores) SET sequence = $2, next_position = $3 WHERE name = $1",
-                        [.text(name), .int8(sequence), .int8(next)])
-                }
-            } catch {
-                // A COMMIT whose answer was lost with the connection may have committed: the recorded sequence
-                // says which (it is written in the same transaction), read on a new connection.
-                guard !session.isConnected, (try? recordedSequence(session, tables)) == sequence
-                else { throw error }
-            }
+    }
+
+    /// Runs a commit's transaction. A COMMIT whose answer was lost with the connection may have committed: the
+    /// stored position, written in the same transaction, says which (read on a new connection): `committed`
+    /// tells whether it is the one the commit wrote.
+    private func committing(
+        _ session: Session, _ tables: Tables, expect committed: (sb_position) -> Bool, _ body: () throws(EngineError) -> Void
+    ) throws(EngineError) {
+        do throws(EngineError) {
+            try session.transaction("BEGIN", body)
+        } catch {
+            guard !session.isConnected, let position = try? storedPosition(session, tables), committed(position) else { throw error }
         }
     }
 
-    /// Locks the store's row for the transaction (creating it if the store was dropped meanwhile); the next
-    /// free position.
-    private func lockRow(_ session: Session, _ tables: Tables) throws(EngineError) -> UInt64 {
-        let row = try session.run("SELECT next_position FROM \(tables.stores) WHERE name = $1 FOR UPDATE", [.text(name)])
-        if row.rows == 1 { return row.uint64(0, 0) }
-        try session.run("INSERT INTO \(tables.stores) (name) VALUES ($1)", [.text(name)])
-        return 1
+    /// Writes the steps, run by run (puts, removes, a removeAll): the next free position after them.
+    private func write(
+        _ steps: UnsafeBufferPointer<sb_step>, from first: UInt64, _ session: Session, _ tables: Tables
+    ) throws(EngineError) -> UInt64 {
+        var next = first
+        var start = 0
+        while start < steps.count {
+            let kind = Int(steps[start].kind)
+            var end = start + 1
+            var bytes = steps[start].payload.length
+            while end < steps.count, Int(steps[end].kind) == kind, kind != SB_STEP_REMOVE_ALL,
+                end - start < Self.chunkSteps, bytes + steps[end].payload.length <= Self.chunkBytes
+            {
+                bytes += steps[end].payload.length
+                end += 1
+            }
+            let run = UnsafeBufferPointer(rebasing: steps[start..<end])
+            switch kind {
+            case SB_STEP_PUT: next = try put(run, from: next, session, tables)
+            case SB_STEP_REMOVE: try remove(run, session, tables)
+            default: try session.run("DELETE FROM \(tables.items) WHERE store = $1", [.text(name)])
+            }
+            start = end
+        }
+        return next
     }
 
-    private func recordedSequence(_ session: Session, _ tables: Tables) throws(EngineError) -> UInt64? {
+    /// Locks the store's row for the transaction (creating it if the store was dropped meanwhile): its position
+    /// and the next free position.
+    private func lockRow(_ session: Session, _ tables: Tables) throws(EngineError) -> (position: sb_position, next: UInt64) {
+        let row = try session.run(
+            "SELECT epoch, sequence, next_position FROM \(tables.stores) WHERE name = $1 FOR UPDATE", [.text(name)])
+        if row.rows == 1 { return (sb_position(epoch: row.uint64(0, 0), sequence: row.uint64(0, 1)), row.uint64(0, 2)) }
+        try session.run("INSERT INTO \(tables.stores) (name) VALUES ($1)", [.text(name)])
+        return (sb_position(epoch: 0, sequence: 0), 1)
+    }
+
+    private func storedPosition(_ session: Session, _ tables: Tables) throws(EngineError) -> sb_position {
         try session.ensureConnected()
-        let row = try session.run("SELECT sequence FROM \(tables.stores) WHERE name = $1", [.text(name)])
-        return row.rows == 1 ? row.uint64(0, 0) : nil
+        return try position(session, tables)
     }
 
     /// A run of puts as one statement: each key once, at the place of its first put, with its last put's bytes
@@ -129,26 +220,36 @@ final class PostgresStore: EngineStoreImplementation {
 
     /// Every item in order, read through a cursor in one snapshot, a thousand rows per round trip.
     func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) {
+        _ = try load(emit: emit)
+    }
+
+    func load(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) -> sb_position {
         try shared.use { (session, tables) throws(EngineError) in
-            try session.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") { () throws(EngineError) in
-                try session.run(
-                    """
-                    DECLARE sb_scan BINARY NO SCROLL CURSOR FOR
-                    SELECT key, payload, created_at, updated_at FROM \(tables.items) WHERE store = $1 ORDER BY position
-                    """, [.text(name)])
-                while true {
-                    let batch = try session.execute("FETCH FORWARD 1000 FROM sb_scan")
-                    if batch.rows == 0 { break }
-                    for row in 0..<batch.rows {
-                        var item = sb_item(
-                            key: batch.bytes(row, 0), payload: batch.bytes(row, 1), created_at: batch.uint64(row, 2),
-                            updated_at: batch.uint64(row, 3))
-                        guard emit(&item) else { throw EngineError.stopped }
-                    }
+            try session.transaction(Self.snapshot) { () throws(EngineError) in
+                let position = try self.position(session, tables)
+                var stopped = false
+                try session.eachRow(
+                    "SELECT key, payload, created_at, updated_at FROM \(tables.items) WHERE store = $1 ORDER BY position",
+                    [.text(name)]
+                ) { rows, row in
+                    var item = sb_item(
+                        key: rows.bytes(row, 0), payload: rows.bytes(row, 1), created_at: rows.uint64(row, 2),
+                        updated_at: rows.uint64(row, 3))
+                    stopped = !emit(&item)
+                    return !stopped
                 }
-                try session.execute("CLOSE sb_scan")
+                if stopped { throw EngineError.stopped }
+                return position
             }
         }
+    }
+
+    /// A read-only transaction that sees one snapshot throughout.
+    static let snapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+    private func position(_ session: Session, _ tables: Tables) throws(EngineError) -> sb_position {
+        let row = try session.run("SELECT epoch, sequence FROM \(tables.stores) WHERE name = $1", [.text(name)])
+        return row.rows == 1 ? sb_position(epoch: row.uint64(0, 0), sequence: row.uint64(0, 1)) : sb_position(epoch: 0, sequence: 0)
     }
 
     func count() throws(EngineError) -> UInt64 {

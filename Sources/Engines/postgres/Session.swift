@@ -129,6 +129,22 @@ final class Session {
         }
     }
 
+    /// The connection's socket (to poll for notices), -1 without a connection.
+    var descriptor: Int32 { PQsocket(connection) }
+
+    /// Reads what the server sent without blocking; the payloads of the notices among it, in order.
+    func notices() throws(EngineError) -> [String] {
+        guard PQconsumeInput(connection) == 1 else {
+            throw EngineError.io("lost the connection to PostgreSQL: \(Self.message(connection))")
+        }
+        var payloads: [String] = []
+        while let notice = PQnotifies(connection) {
+            payloads.append(String(cString: notice.pointee.extra))
+            PQfreemem(notice)
+        }
+        return payloads
+    }
+
     var isConnected: Bool { PQstatus(connection) == CONNECTION_OK }
 
     var isIdle: Bool { PQtransactionStatus(connection) == PQTRANS_IDLE }
@@ -169,6 +185,20 @@ final class Session {
             return PQexecPrepared(connection, name, Int32(parameters.count), values, lengths, formats, 1)
         }
         return try check(result, sql)
+    }
+
+    /// Hands `row` every row of a query, read through a cursor (`batch` rows per round trip), inside the current
+    /// transaction; `row` returns false to stop.
+    func eachRow(
+        _ sql: String, _ parameters: [Parameter], batch: Int = 1000, _ row: (QueryResult, Int) throws(EngineError) -> Bool
+    ) throws(EngineError) {
+        try run("DECLARE sb_rows BINARY NO SCROLL CURSOR FOR " + sql, parameters)
+        reading: while true {
+            let rows = try execute("FETCH FORWARD \(batch) FROM sb_rows")
+            if rows.rows == 0 { break }
+            for index in 0..<rows.rows where try !row(rows, index) { break reading }
+        }
+        try execute("CLOSE sb_rows")
     }
 
     /// Runs `body` in a transaction: committed when it returns, rolled back when it throws.
