@@ -115,6 +115,8 @@ public final class Broker: Sendable {
     private let stopping = Locked(false)
     private let values: ValueSpace
     private let secureValues: ValueSpace
+    /// Watches on the shared engine's stores (ABI 2.1), when the default engine shares them.
+    private let watchers = Locked<[SharedWatcher]>([])
 
     /// The built-in chain, in order: request logging (sees every request, rejected ones too), access control
     /// (`--allow-uid`), then the size and naming limits.
@@ -145,6 +147,37 @@ public final class Broker: Sendable {
         self.environment = environment
         values = ValueSpace(namespace: .value, environment: environment, sealer: nil)
         secureValues = ValueSpace(namespace: .secureValue, environment: environment, sealer: sealer)
+        try watchSharedStores(logger: logger)
+    }
+
+    /// When new stores go to an engine that shares them with other brokers: a watcher that makes this broker
+    /// follow every store another broker commits to (docs/DISTRIBUTED.md).
+    private func watchSharedStores(logger: Logger) throws(BrokerError) {
+        guard let engine = try? environment.engines.engine(named: configuration.defaultEngine),
+            let shared = engine as? any SharedStorageEngine, shared.sharesStores
+        else { return }
+        let watcher = try SharedWatcher(
+            engine: shared, options: configuration.engineOptions[engine.name] ?? [:], logger: logger,
+            changed: { [weak self] name in self?.sharedStoreChanged(name) },
+            tick: { [weak self] in self?.retryFailedCatchUps() })
+        watchers.withLock { $0.append(watcher) }
+        logger.info("following the stores engine \(engine.name) shares with other brokers")
+    }
+
+    /// Another broker committed to store `name` (nil: to any store).
+    private func sharedStoreChanged(_ name: String?) {
+        guard !stopping.withLock({ $0 }) else { return }
+        guard let name else {
+            for store in stores.withLock({ Array($0.values) }) { store.follow() }
+            return
+        }
+        // Not a name a store can have: another broker's value namespaces (kept apart) or a stranger's.
+        guard Naming.problem(withName: name) == nil else { return }
+        store(name).follow()
+    }
+
+    private func retryFailedCatchUps() {
+        for store in stores.withLock({ Array($0.values) }) where store.catchUpFailed { store.follow() }
     }
 
     /// Returns once the writer of store `name` is idle (for tests that need a write to find it so).
@@ -427,6 +460,7 @@ public final class Broker: Sendable {
     /// Refuses new writes, finishes the queued ones and closes every engine store; returns once every task the
     /// broker started (loads in flight included, whose engine stores are then closed) has ended.
     public func shutdown() async {
+        for watcher in watchers.withLock({ $0 }) { watcher.stop() }
         let all = stores.withLock { stores in
             stopping.withLock { $0 = true }  // stores made from now on start stopped
             return Array(stores.values)

@@ -12,6 +12,24 @@ struct EnginePlace: Sendable {
         var manifest: Manifest
         var engine: any StorageEngine
         var store: any EngineStore
+        /// A shared store's position, read in the same snapshot as its items (the manifest's epoch and the
+        /// store's opened sequence otherwise).
+        var position: Position?
+    }
+
+    /// Whether `engine` keeps its stores in a database other brokers share (ABI 2.1).
+    static func isShared(_ engine: any StorageEngine) -> Bool {
+        (engine as? any SharedStorageEngine)?.sharesStores == true
+    }
+
+    /// The engine new stores get, when it shares its stores (a store another broker created may exist there
+    /// with no manifest here yet); nil otherwise. Stores only: values are kept apart (`ValueSpace`).
+    private var sharedDefaultEngine: (any StorageEngine)? {
+        guard place.parent == environment.directory.storesDirectory,
+            let engine = try? environment.engines.engine(named: environment.configuration.defaultEngine),
+            Self.isShared(engine)
+        else { return nil }
+        return engine
     }
 
     private func options(_ engine: any StorageEngine) -> [String: String] {
@@ -23,13 +41,17 @@ struct EnginePlace: Sendable {
     /// be loaded is an error, never an empty result; so is an engine that opens at sequence 0 where the manifest
     /// records a commit (its files were lost or replaced): the place is then broken, not empty.
     func load(expect: (Int) -> Void = { _ in }, visit: (ScannedRecord) -> Void) throws(BrokerError) -> Loaded? {
-        guard var manifest = try environment.directory.manifest(place) else { return nil }
+        guard var manifest = try environment.directory.manifest(place) else {
+            guard let shared = sharedDefaultEngine else { return nil }
+            return try loadShared(shared, manifest: nil, visit: visit)
+        }
         let engine: any StorageEngine
         do throws(BrokerError) {
             engine = try environment.engines.engine(named: manifest.engine)
         } catch {
             throw error.context("\(describe) cannot be served: ")
         }
+        if Self.isShared(engine) { return try loadShared(engine, manifest: manifest, visit: visit) }
         let store = try open(engine)
         do throws(BrokerError) {
             if manifest.committed, store.openedSequence == 0 {
@@ -50,6 +72,51 @@ struct EnginePlace: Sendable {
             store.close()
             throw error
         }
+    }
+
+    /// A shared store, as the database holds it: nil (and the local place removed) when it does not exist there
+    /// (never created, or dropped by another broker); otherwise its items and position, with the manifest here
+    /// made or brought to the database's epoch.
+    private func loadShared(
+        _ engine: any StorageEngine, manifest: Manifest?, visit: (ScannedRecord) -> Void
+    ) throws(BrokerError) -> Loaded? {
+        let store = try open(engine)
+        do throws(BrokerError) {
+            guard let shared = store as? any SharedEngineStore else {
+                throw BrokerError(.internalError, "engine \(engine.name) declares shared stores but its store is not one")
+            }
+            let position = try Self.engineCall { () throws(EngineFailure) in try shared.load(visit) }
+            guard position.epoch != 0 else {
+                store.close()
+                if manifest != nil { try environment.directory.remove(place) }
+                return nil
+            }
+            let adopted = try adopt(engine: engine, existing: manifest, epoch: position.epoch)
+            return Loaded(manifest: adopted, engine: engine, store: store, position: position)
+        } catch {
+            store.close()
+            throw error
+        }
+    }
+
+    /// The place of a shared store as the database has it: created here, or its manifest brought to `epoch`
+    /// (another broker created the store, or dropped and created it again).
+    func adopt(engine: any StorageEngine, existing: Manifest?, epoch: UInt64) throws(BrokerError) -> Manifest {
+        let manifest = Manifest(engine: engine.name, epoch: epoch, committed: true)
+        var found = existing
+        if found == nil { found = try environment.directory.manifest(place) }
+        if let existing = found {
+            if existing != manifest { try environment.directory.rewrite(place, manifest: manifest) }
+        } else {
+            try environment.directory.create(place, manifest: manifest)
+        }
+        return manifest
+    }
+
+    /// Removes the place here (not the engine's data): a shared store another broker dropped.
+    func forget() throws(BrokerError) {
+        guard try environment.directory.manifest(place) != nil else { return }
+        try environment.directory.remove(place)
     }
 
     private var describe: String {
@@ -95,7 +162,7 @@ struct EnginePlace: Sendable {
         return (manifest, try open(engine))
     }
 
-    private func open(_ engine: any StorageEngine) throws(BrokerError) -> any EngineStore {
+    func open(_ engine: any StorageEngine) throws(BrokerError) -> any EngineStore {
         let directory = place.engineDirectory
         let storeName = storeName
         let options = options(engine)

@@ -160,12 +160,19 @@ final class ManagedStore: Sendable {
         var arriving = 0
         /// Let go of by the broker: writes and subscriptions go back to it.
         var retired = false
+        /// A shared store: another broker may have committed (its watcher said so); the writer catches up.
+        var catchUpWanted = false
+        /// The last catch-up failed (the database unreachable): the watcher asks again.
+        var catchUpFailed = false
+
+        var wantsWriter: Bool { catchUpWanted }
 
         /// The store does not exist, nothing of it is open and nothing waits: nothing would be lost by letting go
         /// of it.
         var holdsNothing: Bool {
             phase == .ready && sequence == 0 && manifest == nil && engineStore == nil && pending.isEmpty && !writing
                 && subscribers.isEmpty && arriving == 0 && waiting.isEmpty && idleWaiters.isEmpty && !stopping
+                && !catchUpWanted
         }
 
         mutating func markLoadFailed() { phase = .unloaded }
@@ -235,7 +242,7 @@ final class ManagedStore: Sendable {
         do throws(BrokerError) {
             var contents = StoreContents()
             let loaded = try place.load(expect: { contents.reserveCapacity($0) }, visit: { contents.load($0) })
-            let sequence = loaded?.store.openedSequence ?? 0
+            let sequence = loaded?.position?.sequence ?? loaded?.store.openedSequence ?? 0
             if let loaded {
                 logger.debug(
                     "store loaded",
@@ -246,7 +253,7 @@ final class ManagedStore: Sendable {
                 state.sequence = sequence
                 // A store whose directory exists but that never committed (a crash between the two) does not
                 // exist yet; its first commit keeps the manifest's epoch.
-                state.epoch = sequence > 0 ? (loaded?.manifest.epoch ?? 0) : 0
+                state.epoch = sequence > 0 ? (loaded?.position?.epoch ?? loaded?.manifest.epoch ?? 0) : 0
                 state.manifest = loaded?.manifest
                 state.engine = loaded?.engine
                 // Loaded after shutdown began: readers are answered, but the engine store is closed now (shutdown
@@ -548,7 +555,7 @@ final class ManagedStore: Sendable {
 
     private func startWriterIfNeeded() {
         let start = state.withLock { state -> Bool in
-            guard state.phase == .ready, !state.writing, !state.pending.isEmpty else { return false }
+            guard state.phase == .ready, !state.writing, !state.pending.isEmpty || state.catchUpWanted else { return false }
             state.writing = true
             return true
         }
@@ -574,6 +581,9 @@ final class ManagedStore: Sendable {
         var items = 0
         var leftovers = Leftovers()
         for _ in 0..<groups where items < itemBudget {
+            if state.withLock({ state in defer { state.catchUpWanted = false }; return state.catchUpWanted }) {
+                HandOffs.gathering { catchUpReporting(leaving: &leftovers) }
+            }
             guard gatherGroup() else { break }
             let batch = state.withLock { state -> Batch? in
                 // Taken off the queue, not read from it: a read of `first` is a copy.
@@ -686,7 +696,11 @@ final class ManagedStore: Sendable {
         return try environment.engines.engine(named: environment.configuration.defaultEngine)
     }
 
-    private func commit(_ writes: [PendingWrite], leaving leftovers: inout Leftovers) {
+    /// Other brokers' commits a group may lose to, in a row, before its writes fail: each loss means another
+    /// broker committed, so the brokers as a whole move on.
+    static let sharedAttempts = 64
+
+    private func commit(_ writes: [PendingWrite], leaving leftovers: inout Leftovers, attempt: Int = 1) {
         let engine: any StorageEngine
         do throws(BrokerError) {
             engine = try resolveEngine()
@@ -789,10 +803,24 @@ final class ManagedStore: Sendable {
         do throws(BrokerError) {
             let store = try engineStore(engine, epoch: epoch)
             let applyStarted = monotonicNanoseconds()
-            try EnginePlace.engineCall { () throws(EngineFailure) in
-                try store.apply(steps, sequence: finalSequence)
+            if EnginePlace.isShared(engine), let shared = store as? any SharedEngineStore {
+                // Committed only if no other broker committed since the position planned against.
+                let records = commits.map { (sequence: $0.sequence, record: CommitRecord.encode($0.steps)) }
+                try EnginePlace.engineCall { () throws(EngineFailure) in
+                    try shared.apply(
+                        steps, at: Position(epoch: base.epoch, sequence: base.sequence), epoch: epoch, commits: records)
+                }
+            } else {
+                try EnginePlace.engineCall { () throws(EngineFailure) in
+                    try store.apply(steps, sequence: finalSequence)
+                }
             }
             applyTook = monotonicNanoseconds() - applyStarted
+        } catch where (error.underlying as? EngineFailure)?.code == .conflict && attempt < Self.sharedAttempts {
+            // Another broker committed first: take its commits in, then plan the same writes again.
+            logger.debug("lost a commit to another broker; catching up", metadata: ["attempt": "\(attempt)"])
+            catchUpReporting(leaving: &leftovers)
+            return commit(writes, leaving: &leftovers, attempt: attempt + 1)
         } catch {
             logger.error(
                 "commit failed, nothing changed: \(error.message)",
@@ -854,9 +882,17 @@ final class ManagedStore: Sendable {
     private func engineStore(_ engine: any StorageEngine, epoch: UInt64) throws(BrokerError) -> any EngineStore {
         // Once open (every commit but the first), nothing else is copied out under the lock.
         let (open, existing) = state.withLock { state in
-            state.engineStore.map { ($0, nil) } ?? (nil, state.manifest)
+            state.engineStore.map { ($0, state.manifest) } ?? (nil, state.manifest)
         }
-        if let open { return open }
+        if let open {
+            // A shared store stays open when another broker drops it (it is named by name): its place here is
+            // made again when it is created again.
+            if existing == nil, EnginePlace.isShared(engine) {
+                let manifest = try place.adopt(engine: engine, existing: nil, epoch: epoch)
+                state.withLock { $0.manifest = manifest }
+            }
+            return open
+        }
         let (manifest, store) = try place.create(engine: engine, existing: existing, epoch: epoch)
         state.withLock { state in
             state.manifest = manifest
@@ -906,6 +942,169 @@ final class ManagedStore: Sendable {
             commits: removed.isEmpty ? [] : [Commit(epoch: 0, sequence: 0, steps: [.remove(ids: removed)])])
         logger.info("store dropped", metadata: ["epoch": "\(info.epoch)", "sequence": "\(info.sequence)"])
         write.reply(.success(.written(CommitResult(committed: true, epoch: 0, sequence: 0))))
+    }
+
+    // MARK: Shared stores
+
+    /// A shared store's watcher says another broker may have committed: the writer catches up, before its next
+    /// group. A store not loaded yet starts empty, at no position, and catches up from the first commit the log
+    /// holds, so that its subscribers and observers (D-Bus) see every commit from then on (the whole store, if
+    /// the log no longer reaches back).
+    func follow() {
+        let start = state.withLock { state -> Bool in
+            guard !state.retired, !state.stopping else { return false }
+            state.catchUpWanted = true
+            state.catchUpFailed = false
+            switch state.phase {
+            case .loading: return false  // the load reads the database as it is then; the writer starts after it
+            case .unloaded: state.phase = .ready
+            case .ready: break
+            }
+            guard !state.writing else { return false }
+            state.writing = true
+            return true
+        }
+        if start { environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) } }
+    }
+
+    /// Whether the last catch-up failed (the watcher asks again).
+    var catchUpFailed: Bool { state.withLock { $0.catchUpFailed } }
+
+    /// `catchUp`, its failure logged and remembered (the watcher asks again later).
+    private func catchUpReporting(leaving leftovers: inout Leftovers) {
+        do throws(BrokerError) {
+            try catchUp(leaving: &leftovers)
+        } catch {
+            logger.error("cannot catch up with the shared database: \(error.message)", metadata: error.logMetadata)
+            state.withLock { $0.catchUpFailed = true }
+        }
+    }
+
+    /// Brings memory up to the shared database: the commits other brokers made since this store's position are
+    /// applied, kept in history and broadcast exactly as if made here (same sequences, same steps). A store
+    /// dropped elsewhere is dropped here (`dropped` to subscribers); one created (again) elsewhere is taken from
+    /// its first commit; when the commit log no longer reaches back, the store is reloaded (`historyGone` and a
+    /// snapshot to subscribers).
+    private func catchUp(leaving leftovers: inout Leftovers) throws(BrokerError) {
+        for _ in 0..<4 {
+            let (known, current, info, manifest) = state.withLock { ($0.engine, $0.engineStore, $0.info, $0.manifest) }
+            let engine: any StorageEngine
+            if let known { engine = known } else { engine = try resolveEngine() }
+            guard EnginePlace.isShared(engine) else { return }
+            let store: any EngineStore
+            if let current {
+                store = current
+            } else {
+                store = try place.open(engine)
+                state.withLock { state in
+                    state.engine = engine
+                    state.engineStore = store
+                }
+            }
+            guard let shared = store as? any SharedEngineStore else { return }
+            var fetched: [Commit] = []
+            var unreadable: BrokerError?
+            func read(epoch: UInt64, after: UInt64) throws(BrokerError) -> Position {
+                let name = self.name
+                return try EnginePlace.engineCall { () throws(EngineFailure) in
+                    try shared.commits(epoch: epoch, after: after) { sequence, record in
+                        guard unreadable == nil else { return }
+                        do throws(BrokerError) {
+                            let steps = try CommitRecord.decode(record, store: name, sequence: sequence)
+                            fetched.append(Commit(epoch: epoch, sequence: sequence, steps: steps))
+                        } catch {
+                            unreadable = error
+                        }
+                    }
+                }
+            }
+            do throws(BrokerError) {
+                var position = try read(epoch: info.epoch, after: info.sequence)
+                if let unreadable { throw unreadable }
+                if position.epoch == info.epoch { return publish(fetched, leaving: &leftovers) }
+                if info.epoch != 0 {
+                    // Dropped by another broker (and perhaps created again): what this broker held of it ends.
+                    droppedElsewhere(info, manifest: manifest)
+                    continue
+                }
+                guard position.epoch != 0 else { return }
+                // Created by another broker: from its first commit.
+                let adopted = try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
+                state.withLock { $0.manifest = adopted }
+                fetched = []
+                position = try read(epoch: position.epoch, after: 0)
+                if let unreadable { throw unreadable }
+                if position.epoch == adopted.epoch { return publish(fetched, leaving: &leftovers) }
+            } catch where (error.underlying as? EngineFailure)?.code == .gone {
+                return try reload(shared, engine: engine)
+            }
+        }
+    }
+
+    /// Other brokers' commits, in order: into memory and history, then to subscribers and observers.
+    private func publish(_ commits: [Commit], leaving leftovers: inout Leftovers) {
+        guard let last = commits.last else { return }
+        let limits = self.limits
+        let subscribers = state.withLock { state in
+            for commit in commits {
+                state.contents.apply(commit.steps)
+                state.history.append(
+                    commit, maxCount: limits.history, maxBytes: limits.historyBytes, evicted: &leftovers.events)
+            }
+            state.epoch = last.epoch
+            state.sequence = last.sequence
+            return Array(state.subscribers.values)
+        }
+        broadcast(commits.map { (.storeEvent($0), $0.position) }, to: subscribers, commits: commits)
+    }
+
+    /// A store another broker dropped: emptied here, its place removed, subscribers told `dropped`.
+    private func droppedElsewhere(_ info: (epoch: UInt64, sequence: UInt64), manifest: Manifest?) {
+        if manifest != nil {
+            do throws(BrokerError) {
+                try place.forget()
+            } catch {
+                logger.warning("cannot remove the place of a store another broker dropped: \(error.message)")
+            }
+        }
+        let (subscribers, removed) = state.withLock { state in
+            let removed = !environment.observers.isEmpty && state.contents.count > 0 ? state.contents.ids : []
+            state.contents = StoreContents()
+            state.epoch = 0
+            state.sequence = 0
+            state.manifest = nil
+            state.history = EventHistory()
+            return (Array(state.subscribers.values), removed)
+        }
+        broadcast(
+            [(.dropped(Position(epoch: info.epoch, sequence: info.sequence)), Position(epoch: 0, sequence: 0))],
+            to: subscribers,
+            commits: removed.isEmpty ? [] : [Commit(epoch: 0, sequence: 0, steps: [.remove(ids: removed)])])
+        logger.info("store dropped by another broker", metadata: ["epoch": "\(info.epoch)", "sequence": "\(info.sequence)"])
+    }
+
+    /// The commit log no longer reaches back to this store's position: the store as the database holds it now,
+    /// and to subscribers `historyGone` and that snapshot.
+    private func reload(_ shared: any SharedEngineStore, engine: any StorageEngine) throws(BrokerError) {
+        var contents = StoreContents()
+        let position = try EnginePlace.engineCall { () throws(EngineFailure) in try shared.load { contents.load($0) } }
+        let manifest = state.withLock { $0.manifest }
+        let adopted = position.epoch == 0 ? nil : try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
+        let subscribers = state.withLock { state in
+            state.contents = contents
+            state.epoch = position.epoch
+            state.sequence = position.sequence
+            state.manifest = adopted
+            state.history = EventHistory()
+            return Array(state.subscribers.values)
+        }
+        logger.notice("reloaded from the shared database: other brokers' commits since this one's position are no longer logged")
+        guard !subscribers.isEmpty else { return }
+        let snapshot = SharedPush(.storeLoaded(position, contents.records))
+        for subscription in subscribers {
+            subscription.offer(.historyGone(position), at: position, force: true)
+            subscription.offer(snapshot, at: position, force: true)
+        }
     }
 
     // MARK: Shutdown

@@ -103,6 +103,10 @@ public struct EngineFailure: LayerError, Sendable {
         public static let stopped = Code(rawValue: 6)
         public static let internalError = Code(rawValue: 7)
         public static let injected = Code(rawValue: 8)
+        /// ABI 2.1: the stored position is not the expected one (another broker committed).
+        public static let conflict = Code(rawValue: 9)
+        /// ABI 2.1: the commit log no longer reaches back that far.
+        public static let gone = Code(rawValue: 10)
 
         public var description: String {
             switch self {
@@ -114,6 +118,8 @@ public struct EngineFailure: LayerError, Sendable {
             case .stopped: "stopped"
             case .internalError: "internal error"
             case .injected: "injected failure"
+            case .conflict: "conflict"
+            case .gone: "commit log gone"
             default: "engine error \(rawValue)"
             }
         }
@@ -148,6 +154,8 @@ public struct EngineFailure: LayerError, Sendable {
         case .stopped: "stopped"
         case .internalError: "internal"
         case .injected: "injected"
+        case .conflict: "conflict"
+        case .gone: "gone"
         default: "engine-\(code.rawValue)"
         }
     }
@@ -187,6 +195,40 @@ public protocol EngineStore: AnyObject, Sendable {
     func count() throws(EngineFailure) -> UInt64
     /// Releases the store. No other call may follow.
     func close()
+}
+
+/// An engine whose stores several brokers share (`shared`, ABI 2.1): it can watch them for other brokers'
+/// commits.
+public protocol SharedStorageEngine: StorageEngine {
+    /// Whether this engine's stores are shared (the capability, and the ABI's members for it).
+    var sharesStores: Bool { get }
+    /// Starts watching every store under `options`.
+    func watch(options: [String: String]) throws(EngineFailure) -> any EngineWatch
+}
+
+/// A watch on a shared engine's stores: its descriptor becomes readable when stores may have changed.
+public protocol EngineWatch: AnyObject, Sendable {
+    var descriptor: Int32 { get }
+    /// Hands `changed` each store named since the last call (nil: any may have changed); the descriptor to wait
+    /// on next (-1: call again after a short wait). Never blocks on the database.
+    func changes(_ changed: (String?) -> Void) throws(EngineFailure) -> Int32
+    func close()
+}
+
+/// A store of a shared engine (ABI 2.1): loaded in one snapshot, committed only at the position the broker
+/// planned against, with a log of commits other brokers read.
+public protocol SharedEngineStore: EngineStore {
+    /// Every record, as `scan`, and the position of that same snapshot.
+    func load(_ visit: (ScannedRecord) -> Void) throws(EngineFailure) -> Position
+    /// Applies `steps` only if the stored position is `expected` (else `.conflict`, nothing written), recording
+    /// `epoch` and the last commit's sequence, and logging every commit's record.
+    func apply(
+        _ steps: [EngineStep], at expected: Position, epoch: UInt64, commits: [(sequence: UInt64, record: [UInt8])]
+    ) throws(EngineFailure)
+    /// The logged commits of `epoch` after sequence `after`, in order (`.gone` when the log no longer reaches
+    /// back), and the stored position (another epoch: the store was dropped, nothing is visited).
+    func commits(epoch: UInt64, after: UInt64, _ visit: (UInt64, UnsafeRawBufferPointer) -> Void) throws(EngineFailure)
+        -> Position
 }
 
 /// A record an engine hands out during `scan`: its bytes are valid only inside the visit.

@@ -75,10 +75,16 @@ final class ValueSpace: Sendable {
 
     private var isSecure: Bool { namespace == .secureValue }
 
+    /// The engine values go to when the default engine shares its stores with other brokers.
+    static let localEngine = "sqlite"
+
+
     private var place: EnginePlace {
         EnginePlace(
             environment: environment, place: environment.directory.values(namespace),
-            storeName: isSecure ? "secure-values" : "values")
+            // A name no store can have ('#' is not allowed in one): an engine that names stores by name
+            // (a shared one) never mixes a namespace with a store called "values".
+            storeName: isSecure ? "#secure-values" : "#values")
     }
 
     private var logger: Logger {
@@ -400,7 +406,14 @@ final class ValueSpace: Sendable {
         let (open, existing, known) = state.withLock { ($0.engineStore, $0.manifest, $0.engine) }
         if let open { return open }
         let engine: any StorageEngine
-        if let known { engine = known } else { engine = try environment.engines.engine(named: environment.configuration.defaultEngine) }
+        if let known {
+            engine = known
+        } else {
+            let standard = try environment.engines.engine(named: environment.configuration.defaultEngine)
+            // Values are this broker's own: with a default engine that shares stores with other brokers, they go
+            // to the local sqlite engine (docs/DISTRIBUTED.md says why).
+            engine = EnginePlace.isShared(standard) ? try environment.engines.engine(named: Self.localEngine) : standard
+        }
         let (manifest, store) = try place.create(engine: engine, existing: existing, epoch: epoch)
         state.withLock { state in
             state.manifest = manifest

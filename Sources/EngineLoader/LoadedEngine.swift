@@ -17,8 +17,14 @@ import Glibc
 ///
 /// `@unchecked Sendable`: the only state is the engine's table, which the ABI declares immutable and readable
 /// from any thread.
-public final class LoadedEngine: StorageEngine, @unchecked Sendable {
+public final class LoadedEngine: SharedStorageEngine, @unchecked Sendable {
     private let table: UnsafePointer<storebroker_engine>
+    /// The engine's table as far as the engine's `struct_size` reaches, the rest zero (NULL): a member a minor
+    /// version added is never read past an older engine's table.
+    fileprivate let functions: storebroker_engine
+    /// Whether the table holds ABI 2.1's shared-store members (all of them, non-NULL) and the engine declares
+    /// `shared`.
+    public let sharesStores: Bool
     public let path: String
     public let name: String
     public let version: String
@@ -52,13 +58,16 @@ public final class LoadedEngine: StorageEngine, @unchecked Sendable {
                     + (major == 1 && host.major == 2
                         ? " (2.0 cut get, keys and contains and added check_options: docs/ENGINE-ABI.md \"Versions\")" : ""))
         }
-        let needed = MemoryLayout<storebroker_engine>.size
+        let needed = Self.firstAddedMember
         guard size >= needed else {
             throw EngineLoadError(
                 .abiMismatch, path: path,
                 "its table is \(size) bytes; engine ABI \(host.major).0 needs at least \(needed)")
         }
-        let t = table.pointee
+        var t = storebroker_engine()
+        withUnsafeMutableBytes(of: &t) { target in
+            target.copyMemory(from: UnsafeRawBufferPointer(start: raw, count: min(size, target.count)))
+        }
         guard t.name != nil, t.version != nil, t.option_keys != nil, t.check_options != nil, t.open != nil,
             t.close != nil, t.drop != nil, t.apply != nil, t.scan != nil, t.count != nil
         else {
@@ -83,7 +92,20 @@ public final class LoadedEngine: StorageEngine, @unchecked Sendable {
         self.optionKeys = keys
         self.abiMajor = major
         self.abiMinor = minor
+        self.functions = t
+        let shared = EngineCapabilities(rawValue: UInt32(truncatingIfNeeded: t.capabilities)).contains(.shared)
+        let complete = t.load != nil && t.apply_at != nil && t.commits_since != nil && t.watch_open != nil
+            && t.watch_changes != nil && t.watch_close != nil
+        guard !shared || complete else {
+            throw EngineLoadError(
+                .invalidEngine, path: path,
+                "it declares SB_CAP_SHARED but its table lacks ABI 2.1's shared-store members (or has a NULL one)")
+        }
+        self.sharesStores = shared
     }
+
+    /// The size of ABI 2.0's table: the offset of the first member 2.1 added.
+    static let firstAddedMember = MemoryLayout<storebroker_engine>.offset(of: \storebroker_engine.load)!
 
     /// Fails for an option key the engine does not declare, then for a value the engine's `check_options`
     /// refuses (no store or file is touched).
@@ -127,7 +149,17 @@ public final class LoadedEngine: StorageEngine, @unchecked Sendable {
         }
     }
 
-    fileprivate var functions: storebroker_engine { table.pointee }
+    public func watch(options: [String: String]) throws(EngineFailure) -> any EngineWatch {
+        guard sharesStores else { throw EngineFailure(.unsupported, "the engine does not share its stores", engine: name) }
+        return try withOptions(options) { (list, count) throws(EngineFailure) in
+            var handle: OpaquePointer?
+            var descriptor: Int32 = -1
+            var error = sb_error()
+            try check(functions.watch_open(table, list, count, &handle, &descriptor, &error), &error)
+            guard let handle else { throw EngineFailure(.internalError, "watch_open returned SB_OK without a watch", engine: name) }
+            return LoadedWatch(engine: self, handle: handle, descriptor: descriptor)
+        }
+    }
 
     /// Throws the engine's report unless `status` is SB_OK.
     func check(_ status: Int32, _ error: inout sb_error) throws(EngineFailure) {
@@ -162,7 +194,7 @@ public final class LoadedEngine: StorageEngine, @unchecked Sendable {
 ///
 /// `@unchecked Sendable`: the store handle is touched only while `closed`'s lock is held, which serializes every
 /// call (the broker makes them from one writer at a time, so the lock is never contended there).
-public final class LoadedStore: EngineStore, @unchecked Sendable {
+public final class LoadedStore: SharedEngineStore, @unchecked Sendable {
     let engine: LoadedEngine
     private let handle: OpaquePointer
     /// Held during each call; true once closed.
@@ -226,6 +258,79 @@ public final class LoadedStore: EngineStore, @unchecked Sendable {
         }
     }
 
+    public func load(_ visit: (ScannedRecord) -> Void) throws(EngineFailure) -> Position {
+        try call { [engine] (handle, error) throws(EngineFailure) in
+            guard let load = engine.functions.load else { throw EngineFailure(.unsupported, "no load (ABI 2.1)", engine: engine.name) }
+            var position = sb_position()
+            let status = withoutActuallyEscaping(visit) { visit in
+                let visitor = Collector(visit)
+                return load(handle, { context, item in
+                    Unmanaged<Collector<(ScannedRecord) -> Void>>.fromOpaque(context!).takeUnretainedValue().values(
+                        ScannedRecord(item!.pointee))
+                    return 0
+                }, Unmanaged.passUnretained(visitor).toOpaque(), &position, &error)
+            }
+            try engine.check(status, &error)
+            return Position(epoch: position.epoch, sequence: position.sequence)
+        }
+    }
+
+    public func apply(
+        _ steps: [EngineStep], at expected: Position, epoch: UInt64, commits: [(sequence: UInt64, record: [UInt8])]
+    ) throws(EngineFailure) {
+        try call { [engine] (handle, error) throws(EngineFailure) in
+            guard let applyAt = engine.functions.apply_at else {
+                throw EngineFailure(.unsupported, "no apply_at (ABI 2.1)", engine: engine.name)
+            }
+            try StepArena.withSteps(steps) { (cSteps, count) throws(EngineFailure) in
+                try withCommits(commits) { (cCommits, commitCount) throws(EngineFailure) in
+                    try engine.check(
+                        applyAt(
+                            handle, cSteps, count, sb_position(epoch: expected.epoch, sequence: expected.sequence), epoch,
+                            cCommits, commitCount, &error), &error)
+                }
+            }
+        }
+    }
+
+    public func commits(
+        epoch: UInt64, after: UInt64, _ visit: (UInt64, UnsafeRawBufferPointer) -> Void
+    ) throws(EngineFailure) -> Position {
+        try call { [engine] (handle, error) throws(EngineFailure) in
+            guard let since = engine.functions.commits_since else {
+                throw EngineFailure(.unsupported, "no commits_since (ABI 2.1)", engine: engine.name)
+            }
+            var position = sb_position()
+            let status = withoutActuallyEscaping(visit) { visit in
+                let visitor = Collector(visit)
+                return since(handle, epoch, after, { context, commit in
+                    let commit = commit!.pointee
+                    Unmanaged<Collector<(UInt64, UnsafeRawBufferPointer) -> Void>>.fromOpaque(context!).takeUnretainedValue()
+                        .values(commit.sequence, UnsafeRawBufferPointer(start: commit.record.data, count: commit.record.length))
+                    return 0
+                }, Unmanaged.passUnretained(visitor).toOpaque(), &position, &error)
+            }
+            try engine.check(status, &error)
+            return Position(epoch: position.epoch, sequence: position.sequence)
+        }
+    }
+
+    /// The commits as C structs pointing into their records, valid during `body`.
+    private func withCommits<T>(
+        _ commits: [(sequence: UInt64, record: [UInt8])], _ body: (UnsafePointer<sb_commit>?, Int) throws(EngineFailure) -> T
+    ) throws(EngineFailure) -> T {
+        // The records stay alive and unchanged during the call (`commits` holds them).
+        var cCommits: [sb_commit] = []
+        cCommits.reserveCapacity(commits.count)
+        for commit in commits {
+            let bytes = commit.record.withUnsafeBufferPointer { sb_bytes(data: $0.baseAddress, length: $0.count) }
+            cCommits.append(sb_commit(sequence: commit.sequence, record: bytes))
+        }
+        return try withExtendedLifetime(commits) { () throws(EngineFailure) -> T in
+            try cCommits.withUnsafeBufferPointer { (buffer) throws(EngineFailure) -> T in try body(buffer.baseAddress, buffer.count) }
+        }
+    }
+
     public func count() throws(EngineFailure) -> UInt64 {
         try call { [engine] (handle, error) throws(EngineFailure) in
             var count: UInt64 = 0
@@ -239,6 +344,48 @@ public final class LoadedStore: EngineStore, @unchecked Sendable {
             guard !closed else { return }
             closed = true
             engine.functions.close(handle)
+        }
+    }
+}
+
+/// A watch opened through a `LoadedEngine` (one caller at a time: the broker's watcher thread).
+public final class LoadedWatch: EngineWatch, @unchecked Sendable {
+    let engine: LoadedEngine
+    private let handle: OpaquePointer
+    public let descriptor: Int32
+    private let closed = Locked(false)
+
+    init(engine: LoadedEngine, handle: OpaquePointer, descriptor: Int32) {
+        self.engine = engine
+        self.handle = handle
+        self.descriptor = descriptor
+    }
+
+    deinit { close() }
+
+    public func changes(_ changed: (String?) -> Void) throws(EngineFailure) -> Int32 {
+        try closed.withLock { [engine, handle] (closed) throws(EngineFailure) -> Int32 in
+            guard !closed else { throw EngineFailure(.invalid, "the watch is closed", engine: engine.name) }
+            var error = sb_error()
+            var descriptor: Int32 = -1
+            let status = withoutActuallyEscaping(changed) { changed in
+                let visitor = Collector(changed)
+                return engine.functions.watch_changes!(handle, { context, name in
+                    Unmanaged<Collector<(String?) -> Void>>.fromOpaque(context!).takeUnretainedValue().values(
+                        name.map { String(cString: $0) })
+                    return 0
+                }, Unmanaged.passUnretained(visitor).toOpaque(), &descriptor, &error)
+            }
+            try engine.check(status, &error)
+            return descriptor
+        }
+    }
+
+    public func close() {
+        closed.withLock { closed in
+            guard !closed else { return }
+            closed = true
+            engine.functions.watch_close!(handle)
         }
     }
 }

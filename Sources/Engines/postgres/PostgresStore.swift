@@ -24,10 +24,9 @@ final class PostgresStore: SharedEngineStoreImplementation {
         self.failure = failure
     }
 
-    /// Creates the store's row if it is new; its sequence.
+    /// The store's sequence (0 for a store the database does not hold: its row is made by its first apply).
     func openSequence() throws(EngineError) -> UInt64 {
         try shared.use { (session, tables) throws(EngineError) in
-            try session.run("INSERT INTO \(tables.stores) (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [.text(name)])
             let row = try session.run("SELECT sequence FROM \(tables.stores) WHERE name = $1", [.text(name)])
             return row.rows == 1 ? row.uint64(0, 0) : 0
         }
