@@ -161,6 +161,8 @@ public final class Broker: Sendable {
             changed: { [weak self] name in self?.sharedStoreChanged(name) },
             tick: { [weak self] in self?.retryFailedCatchUps() })
         watchers.withLock { $0.append(watcher) }
+        values.preload()
+        secureValues.preload()
         logger.info("following the stores engine \(engine.name) shares with other brokers")
     }
 
@@ -168,15 +170,23 @@ public final class Broker: Sendable {
     private func sharedStoreChanged(_ name: String?) {
         guard !stopping.withLock({ $0 }) else { return }
         guard let name else {
+            values.follow()
+            secureValues.follow()
             for store in stores.withLock({ Array($0.values) }) { store.follow() }
             return
         }
-        // Not a name a store can have: another broker's value namespaces (kept apart) or a stranger's.
+        switch name {
+        case ValueSpace.engineStoreName(.value): return values.follow()
+        case ValueSpace.engineStoreName(.secureValue): return secureValues.follow()
+        default: break
+        }
+        // Not a name a store can have: a stranger's.
         guard Naming.problem(withName: name) == nil else { return }
         store(name).follow()
     }
 
     private func retryFailedCatchUps() {
+        for space in [values, secureValues] where space.catchUpFailed { space.follow() }
         for store in stores.withLock({ Array($0.values) }) where store.catchUpFailed { store.follow() }
     }
 

@@ -90,6 +90,26 @@ enum CommitRecord {
         return steps
     }
 
+    /// A value's change (a namespace's commit): `u8 format (2), u32 key length, key, payload` (the payload as the
+    /// namespace's engine store keeps it, sealed for a secure value).
+    static let valueFormat: UInt8 = 2
+
+    static func encodeValue(key: [UInt8], payload: ByteBuffer) -> [UInt8] {
+        var bytes: [UInt8] = [valueFormat]
+        bytes.reserveCapacity(5 + key.count + payload.readableBytes)
+        key.withUnsafeBytes { append($0, to: &bytes) }
+        payload.withUnsafeReadableBytes { bytes.append(contentsOf: $0) }
+        return bytes
+    }
+
+    static func decodeValue(_ bytes: UnsafeRawBufferPointer, sequence: UInt64) throws(BrokerError) -> (key: [UInt8], payload: ByteBuffer) {
+        var reader = Reader(bytes: bytes)
+        guard reader.byte() == valueFormat, let key = reader.chunk() else {
+            throw BrokerError(.engineError, "the commit log's record of a value at commit \(sequence) is unreadable")
+        }
+        return (Array(key), ByteBuffer(bytes: UnsafeRawBufferPointer(rebasing: bytes[reader.offset...])))
+    }
+
     private static func append<T: FixedWidthInteger>(_ value: T, to bytes: inout [UInt8]) {
         withUnsafeBytes(of: value.bigEndian) { bytes.append(contentsOf: $0) }
     }

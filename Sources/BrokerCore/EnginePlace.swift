@@ -23,10 +23,9 @@ struct EnginePlace: Sendable {
     }
 
     /// The engine new stores get, when it shares its stores (a store another broker created may exist there
-    /// with no manifest here yet); nil otherwise. Stores only: values are kept apart (`ValueSpace`).
+    /// with no manifest here yet); nil otherwise.
     private var sharedDefaultEngine: (any StorageEngine)? {
-        guard place.parent == environment.directory.storesDirectory,
-            let engine = try? environment.engines.engine(named: environment.configuration.defaultEngine),
+        guard let engine = try? environment.engines.engine(named: environment.configuration.defaultEngine),
             Self.isShared(engine)
         else { return nil }
         return engine

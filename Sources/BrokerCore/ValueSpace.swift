@@ -50,6 +50,11 @@ final class ValueSpace: Sendable {
 
         mutating func markLoadFailed() { loading = false }
 
+        /// Shared values (ABI 2.1): another broker may have committed; the writer catches up.
+        var catchUpWanted = false
+        var catchUpFailed = false
+        var wantsWriter: Bool { catchUpWanted }
+
         /// Forgets a subscriber, and the name's table of them once it is empty: a client subscribing to many
         /// names in turn leaves nothing behind.
         mutating func removeSubscriber(_ key: ObjectIdentifier, of name: String) {
@@ -75,16 +80,17 @@ final class ValueSpace: Sendable {
 
     private var isSecure: Bool { namespace == .secureValue }
 
-    /// The engine values go to when the default engine shares its stores with other brokers.
-    static let localEngine = "sqlite"
-
 
     private var place: EnginePlace {
         EnginePlace(
             environment: environment, place: environment.directory.values(namespace),
-            // A name no store can have ('#' is not allowed in one): an engine that names stores by name
-            // (a shared one) never mixes a namespace with a store called "values".
-            storeName: isSecure ? "#secure-values" : "#values")
+            storeName: Self.engineStoreName(namespace))
+    }
+
+    /// The name the engine is told: one no store can have ('#' is not allowed in one), so that an engine that
+    /// names stores by name (a shared one) never mixes a namespace with a store called "values".
+    static func engineStoreName(_ namespace: Namespace) -> String {
+        namespace == .secureValue ? "#secure-values" : "#values"
     }
 
     private var logger: Logger {
@@ -117,8 +123,8 @@ final class ValueSpace: Sendable {
             }
             let (waiting, late) = state.withLock { state in
                 state.values = values
-                state.commits = loaded?.store.openedSequence ?? 0
-                state.epoch = state.commits > 0 ? (loaded?.manifest.epoch ?? 0) : 0
+                state.commits = loaded?.position?.sequence ?? loaded?.store.openedSequence ?? 0
+                state.epoch = state.commits > 0 ? (loaded?.position?.epoch ?? loaded?.manifest.epoch ?? 0) : 0
                 state.manifest = loaded?.manifest
                 state.engine = loaded?.engine
                 // Loaded after shutdown began: answered, but the engine store is closed now.
@@ -253,7 +259,7 @@ final class ValueSpace: Sendable {
 
     private func startWriterIfNeeded() {
         let start = state.withLock { state -> Bool in
-            guard state.loaded, !state.writing, !state.pending.isEmpty else { return false }
+            guard state.loaded, !state.writing, !state.pending.isEmpty || state.catchUpWanted else { return false }
             state.writing = true
             return true
         }
@@ -263,6 +269,9 @@ final class ValueSpace: Sendable {
     /// The writer's job, as a store's: groups until the queue is empty, or a turn's worth.
     private func runWriter() {
         for _ in 0..<WriterPool.groupsPerTurn {
+            if state.withLock({ state in defer { state.catchUpWanted = false }; return state.catchUpWanted }) {
+                HandOffs.gathering { catchUpReporting() }
+            }
             let group = state.withLock { state -> [Write] in
                 let count = min(state.pending.count, max(1, environment.configuration.maxGroupCommit))
                 defer { state.pending.removeFirst(count) }
@@ -302,7 +311,7 @@ final class ValueSpace: Sendable {
         return BrokerError(.conflict, "\(isSecure ? "secure value" : "value") \(name) \(now); the write expected \(expected)")
     }
 
-    private func commit(_ writes: [Write]) {
+    private func commit(_ writes: [Write], attempt: Int = 1) {
         let now = currentTimeMilliseconds()
         // Plan each write against the values as the writes before it leave them.
         let plan: Result<(outcomes: [Outcome], steps: [EngineStep], epoch: UInt64, commits: UInt64), BrokerError> =
@@ -349,9 +358,29 @@ final class ValueSpace: Sendable {
         if !planned.steps.isEmpty {
             do throws(BrokerError) {
                 let store = try engineStore(epoch: planned.epoch)
-                try EnginePlace.engineCall { () throws(EngineFailure) in
-                    try store.apply(planned.steps, sequence: planned.commits)
+                if let engine = state.withLock({ $0.engine }), EnginePlace.isShared(engine),
+                    let shared = store as? any SharedEngineStore
+                {
+                    // Shared with other brokers: committed only at the position planned against. Each change is
+                    // one commit of the namespace, its record the change itself.
+                    let base = planned.commits - UInt64(planned.steps.count)
+                    var records: [(sequence: UInt64, record: [UInt8])] = []
+                    for (index, step) in planned.steps.enumerated() {
+                        guard case .put(let record) = step else { continue }
+                        records.append((base + UInt64(index) + 1, CommitRecord.encodeValue(key: record.key, payload: record.payload)))
+                    }
+                    let expected = Position(epoch: base == 0 ? 0 : planned.epoch, sequence: base)
+                    try EnginePlace.engineCall { () throws(EngineFailure) in
+                        try shared.apply(planned.steps, at: expected, epoch: planned.epoch, commits: records)
+                    }
+                } else {
+                    try EnginePlace.engineCall { () throws(EngineFailure) in
+                        try store.apply(planned.steps, sequence: planned.commits)
+                    }
                 }
+            } catch where (error.underlying as? EngineFailure)?.code == .conflict && attempt < ManagedStore.sharedAttempts {
+                catchUpReporting()
+                return commit(writes, attempt: attempt + 1)
             } catch {
                 logger.error("commit failed, nothing changed: \(error.message)", metadata: error.logMetadata)
                 for (write, outcome) in zip(writes, planned.outcomes) {
@@ -372,24 +401,161 @@ final class ValueSpace: Sendable {
                 state.commits = planned.commits
                 return changes
             }
-            var ended: [(String, ObjectIdentifier)] = []
-            for change in changes {
-                let position = Position(epoch: planned.epoch, sequence: change.entry.sequence)
-                let event = SharedPush(.valueEvent(position, self.state(of: change.entry, withheld: isSecure)))
-                for subscription in change.subscribers where !subscription.offer(event, at: position) {
-                    ended.append((change.name, ObjectIdentifier(subscription)))
-                }
-                for observer in environment.observers {
-                    observer.valueChanged(name: change.name, sequence: change.entry.sequence, secure: isSecure)
-                }
-            }
-            if !ended.isEmpty {
-                state.withLock { state in
-                    for (name, key) in ended { state.removeSubscriber(key, of: name) }
-                }
-            }
+            announce(changes, epoch: planned.epoch)
         }
         for (write, outcome) in zip(writes, planned.outcomes) { answer(write, outcome, epoch: planned.epoch) }
+    }
+
+    /// Committed changes, in order, to their subscribers and the observers; subscribers that lagged or went away
+    /// are forgotten.
+    private func announce(_ changes: [(name: String, entry: Entry, subscribers: [Subscription])], epoch: UInt64) {
+        var ended: [(String, ObjectIdentifier)] = []
+        for change in changes {
+            let position = Position(epoch: epoch, sequence: change.entry.sequence)
+            let event = SharedPush(.valueEvent(position, self.state(of: change.entry, withheld: isSecure)))
+            for subscription in change.subscribers where !subscription.offer(event, at: position) {
+                ended.append((change.name, ObjectIdentifier(subscription)))
+            }
+            for observer in environment.observers {
+                observer.valueChanged(name: change.name, sequence: change.entry.sequence, secure: isSecure)
+            }
+        }
+        if !ended.isEmpty {
+            state.withLock { state in
+                for (name, key) in ended { state.removeSubscriber(key, of: name) }
+            }
+        }
+    }
+
+    // MARK: Shared values
+
+    /// Another broker may have committed to this namespace: the writer catches up before its next group (a
+    /// namespace not loaded yet reads the database when it loads).
+    func follow() {
+        let start = state.withLock { state -> Bool in
+            guard state.loaded, !state.stopping else { return false }
+            state.catchUpWanted = true
+            state.catchUpFailed = false
+            guard !state.writing else { return false }
+            state.writing = true
+            return true
+        }
+        if start { environment.onWriter { self.runWriter() } }
+    }
+
+    var catchUpFailed: Bool { state.withLock { $0.catchUpFailed } }
+
+    /// Loads the namespace now (a shared one is followed from the start, so that every change another broker
+    /// makes is announced here).
+    func preload() {
+        whenLoaded { _ in }
+    }
+
+    private func catchUpReporting() {
+        do throws(BrokerError) {
+            try catchUp()
+        } catch {
+            logger.error("cannot catch up with the shared database: \(error.message)", metadata: error.logMetadata)
+            state.withLock { $0.catchUpFailed = true }
+        }
+    }
+
+    /// Applies the changes other brokers committed since this namespace's position and announces them as if
+    /// made here; reloads (announcing every value that differs) when the commit log no longer reaches back.
+    private func catchUp() throws(BrokerError) {
+        for _ in 0..<2 {
+            let (known, current, epoch, commits, manifest) = state.withLock {
+                ($0.engine, $0.engineStore, $0.epoch, $0.commits, $0.manifest)
+            }
+            let engine: any StorageEngine
+            if let known { engine = known } else { engine = try environment.engines.engine(named: environment.configuration.defaultEngine) }
+            guard EnginePlace.isShared(engine) else { return }
+            let store: any EngineStore
+            if let current {
+                store = current
+            } else {
+                store = try place.open(engine)
+                state.withLock { state in
+                    state.engine = engine
+                    state.engineStore = store
+                }
+            }
+            guard let shared = store as? any SharedEngineStore else { return }
+            var fetched: [(name: String, entry: Entry, commit: UInt64)] = []
+            var unreadable: BrokerError?
+            func read(epoch: UInt64, after: UInt64) throws(BrokerError) -> Position {
+                try EnginePlace.engineCall { () throws(EngineFailure) in
+                    try shared.commits(epoch: epoch, after: after) { sequence, record in
+                        guard unreadable == nil else { return }
+                        do throws(BrokerError) {
+                            let (key, payload) = try CommitRecord.decodeValue(record, sequence: sequence)
+                            let name = String(decoding: key, as: UTF8.self)
+                            fetched.append((name, try decode(payload, name: name), sequence))
+                        } catch {
+                            unreadable = error
+                        }
+                    }
+                }
+            }
+            do throws(BrokerError) {
+                var position = try read(epoch: epoch, after: commits)
+                if let unreadable { throw unreadable }
+                if position.epoch == epoch { return publish(fetched, epoch: epoch) }
+                guard position.epoch != 0 else { return }
+                guard epoch == 0 else { return try reload(shared, engine: engine) }
+                let adopted = try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
+                state.withLock { $0.manifest = adopted }
+                fetched = []
+                position = try read(epoch: position.epoch, after: 0)
+                if let unreadable { throw unreadable }
+                if position.epoch == adopted.epoch { return publish(fetched, epoch: adopted.epoch) }
+            } catch where (error.underlying as? EngineFailure)?.code == .gone {
+                return try reload(shared, engine: engine)
+            }
+        }
+    }
+
+    private func publish(_ fetched: [(name: String, entry: Entry, commit: UInt64)], epoch: UInt64) {
+        guard let last = fetched.last else { return }
+        let changes = state.withLock { state in
+            var changes: [(name: String, entry: Entry, subscribers: [Subscription])] = []
+            for change in fetched {
+                state.values[change.name] = change.entry
+                changes.append((change.name, change.entry, Array((state.subscribers[change.name] ?? [:]).values)))
+            }
+            state.epoch = epoch
+            state.commits = last.commit
+            return changes
+        }
+        announce(changes, epoch: epoch)
+    }
+
+    /// The namespace as the database holds it now; every value that differs is announced.
+    private func reload(_ shared: any SharedEngineStore, engine: any StorageEngine) throws(BrokerError) {
+        var records: [EngineRecord] = []
+        let position = try EnginePlace.engineCall { () throws(EngineFailure) in
+            try shared.load { records.append(EngineRecord($0)) }
+        }
+        var values: [String: Entry] = [:]
+        for record in records {
+            let name = String(decoding: record.key, as: UTF8.self)
+            values[name] = try decode(record.payload, name: name)
+        }
+        let manifest = state.withLock { $0.manifest }
+        let adopted = position.epoch == 0 ? manifest : try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
+        let changes = state.withLock { state in
+            var changes: [(name: String, entry: Entry, subscribers: [Subscription])] = []
+            for (name, entry) in values where state.values[name]?.sequence != entry.sequence {
+                changes.append((name, entry, Array((state.subscribers[name] ?? [:]).values)))
+            }
+            state.values = values
+            state.epoch = position.epoch
+            state.commits = position.sequence
+            state.manifest = adopted
+            return changes.sorted { $0.entry.sequence < $1.entry.sequence }
+        }
+        logger.notice("reloaded from the shared database: the commit log no longer reached back to this broker's position")
+        announce(changes, epoch: position.epoch)
     }
 
     private func answer(_ write: Write, _ outcome: Outcome, epoch: UInt64) {
@@ -406,14 +572,7 @@ final class ValueSpace: Sendable {
         let (open, existing, known) = state.withLock { ($0.engineStore, $0.manifest, $0.engine) }
         if let open { return open }
         let engine: any StorageEngine
-        if let known {
-            engine = known
-        } else {
-            let standard = try environment.engines.engine(named: environment.configuration.defaultEngine)
-            // Values are this broker's own: with a default engine that shares stores with other brokers, they go
-            // to the local sqlite engine (docs/DISTRIBUTED.md says why).
-            engine = EnginePlace.isShared(standard) ? try environment.engines.engine(named: Self.localEngine) : standard
-        }
+        if let known { engine = known } else { engine = try environment.engines.engine(named: environment.configuration.defaultEngine) }
         let (manifest, store) = try place.create(engine: engine, existing: existing, epoch: epoch)
         state.withLock { state in
             state.manifest = manifest
