@@ -157,3 +157,13 @@ public func eventually(within seconds: Double = 30, _ condition: () throws -> Bo
     }
     return try condition()
 }
+
+/// `eventually` for a condition that awaits (a storectl run, a query): polled every 20 ms, at most `seconds`.
+public func eventually(within seconds: Double = 30, _ condition: () async throws -> Bool) async rethrows -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if try await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(20))
+    }
+    return try await condition()
+}

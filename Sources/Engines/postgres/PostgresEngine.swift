@@ -195,7 +195,13 @@ final class SharedSession: @unchecked Sendable {
             try tables.create(current)
             session = current
         }
-        return try body(current, tables)
+        do throws(EngineError) {
+            return try body(current, tables)
+        } catch {
+            // The connection was lost (a server restart) and nothing can have committed: once more, on a new one.
+            guard !current.isConnected, !current.commitInDoubt, (try? current.ensureConnected()) != nil else { throw error }
+            return try body(current, tables)
+        }
     }
 }
 

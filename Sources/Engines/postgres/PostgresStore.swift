@@ -2,6 +2,10 @@ import CLibPQ
 import CStorageEngine
 import StorageEngineKit
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// One open store: a row of `stores` (its sequence and the next free position) and its rows of `items`.
 final class PostgresStore: SharedEngineStoreImplementation {
     private let name: String
@@ -35,7 +39,9 @@ final class PostgresStore: SharedEngineStoreImplementation {
     func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence: UInt64) throws(EngineError) {
         try check(steps)
         try shared.use { (session, tables) throws(EngineError) in
-            try committing(session, tables, expect: { $0.sequence == sequence }) { () throws(EngineError) in
+            try committing(session, tables, expect: { (session) throws(EngineError) in
+                try self.position(session, tables).sequence == sequence
+            }) { () throws(EngineError) in
                 let stored = try lockRow(session, tables)
                 let next = try write(steps, from: stored.next, session, tables)
                 try session.run(
@@ -54,8 +60,17 @@ final class PostgresStore: SharedEngineStoreImplementation {
             throw EngineError.invalid("apply_at with epoch \(epoch) at a position of epoch \(expected.epoch)")
         }
         try shared.use { (session, tables) throws(EngineError) in
-            try committing(session, tables, expect: { $0.epoch == epoch && $0.sequence == last.sequence }) {
-                () throws(EngineError) in
+            // Ours if the log holds our record at our last sequence (another broker's commit of that sequence
+            // has another record; one with the same bytes made the same change).
+            try committing(session, tables, expect: { (session) throws(EngineError) in
+                let row = try session.run(
+                    "SELECT record FROM \(tables.commits) WHERE store = $1 AND epoch = $2 AND sequence = $3",
+                    [.text(name), .int8(epoch), .int8(last.sequence)])
+                guard row.rows == 1 else { return false }
+                let stored = row.bytes(0, 0)
+                return stored.length == last.record.length
+                    && (stored.length == 0 || memcmp(stored.data!, last.record.data!, stored.length) == 0)
+            }) { () throws(EngineError) in
                 let stored = try lockRow(session, tables)
                 guard stored.position.epoch == expected.epoch, stored.position.sequence == expected.sequence else {
                     throw EngineError(
@@ -124,16 +139,19 @@ final class PostgresStore: SharedEngineStoreImplementation {
         }
     }
 
-    /// Runs a commit's transaction. A COMMIT whose answer was lost with the connection may have committed: the
-    /// stored position, written in the same transaction, says which (read on a new connection): `committed`
-    /// tells whether it is the one the commit wrote.
+    /// Runs a commit's transaction. A COMMIT whose answer was lost with the connection may have committed: what
+    /// it wrote in the same transaction says which, read on a new connection (`committed`). A failure before the
+    /// COMMIT never committed.
     private func committing(
-        _ session: Session, _ tables: Tables, expect committed: (sb_position) -> Bool, _ body: () throws(EngineError) -> Void
+        _ session: Session, _ tables: Tables, expect committed: (Session) throws(EngineError) -> Bool,
+        _ body: () throws(EngineError) -> Void
     ) throws(EngineError) {
         do throws(EngineError) {
             try session.transaction("BEGIN", body)
         } catch {
-            guard !session.isConnected, let position = try? storedPosition(session, tables), committed(position) else { throw error }
+            guard session.commitInDoubt, !session.isConnected, (try? session.ensureConnected()) != nil,
+                (try? committed(session)) == true
+            else { throw error }
         }
     }
 
@@ -167,16 +185,16 @@ final class PostgresStore: SharedEngineStoreImplementation {
     /// Locks the store's row for the transaction (creating it if the store was dropped meanwhile): its position
     /// and the next free position.
     private func lockRow(_ session: Session, _ tables: Tables) throws(EngineError) -> (position: sb_position, next: UInt64) {
-        let row = try session.run(
-            "SELECT epoch, sequence, next_position FROM \(tables.stores) WHERE name = $1 FOR UPDATE", [.text(name)])
-        if row.rows == 1 { return (sb_position(epoch: row.uint64(0, 0), sequence: row.uint64(0, 1)), row.uint64(0, 2)) }
-        try session.run("INSERT INTO \(tables.stores) (name) VALUES ($1)", [.text(name)])
-        return (sb_position(epoch: 0, sequence: 0), 1)
-    }
-
-    private func storedPosition(_ session: Session, _ tables: Tables) throws(EngineError) -> sb_position {
-        try session.ensureConnected()
-        return try position(session, tables)
+        let select = "SELECT epoch, sequence, next_position FROM \(tables.stores) WHERE name = $1 FOR UPDATE"
+        var row = try session.run(select, [.text(name)])
+        if row.rows == 0 {
+            // Another broker may make the row at the same moment: whoever is second waits for the first's
+            // transaction and then finds its row.
+            try session.run("INSERT INTO \(tables.stores) (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [.text(name)])
+            row = try session.run(select, [.text(name)])
+        }
+        guard row.rows == 1 else { throw EngineError(Int32(SB_ERR_INTERNAL), "store \(name) has no row after its insert") }
+        return (sb_position(epoch: row.uint64(0, 0), sequence: row.uint64(0, 1)), row.uint64(0, 2))
     }
 
     /// A run of puts as one statement: each key once, at the place of its first put, with its last put's bytes

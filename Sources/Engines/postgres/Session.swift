@@ -203,16 +203,23 @@ final class Session {
 
     /// Runs `body` in a transaction: committed when it returns, rolled back when it throws.
     func transaction<T>(_ begin: String = "BEGIN", _ body: () throws(EngineError) -> T) throws(EngineError) -> T {
+        commitInDoubt = false
         try execute(begin)
         do {
             let value = try body()
+            commitInDoubt = true
             try execute("COMMIT")
+            commitInDoubt = false
             return value
         } catch {
             rollBack()
             throw error
         }
     }
+
+    /// The last transaction failed at its COMMIT: it may have committed (the answer can be lost with the
+    /// connection). A failure before the COMMIT never committed.
+    private(set) var commitInDoubt = false
 
     /// Leaves a failed or open transaction (nothing to do on a lost connection: the server rolled it back).
     func rollBack() {
