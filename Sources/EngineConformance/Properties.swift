@@ -10,7 +10,7 @@ enum Properties {
         describesItself, newStoreIsEmpty, readsAfterPuts, overwriteKeepsPlace, removedKeyGoesLast, removeAllThenPuts,
         bytesKeptExactly, keyLengths, emptyApply, failedApply, stopOnRequest, badOptionValues, survivesReopen,
         memoryStartsEmpty, dropDeletesEverything, bigApply, threads, damagedStoreFails, killRecovery, durability,
-    ]
+    ] + SharedProperties.all
 
     static let persistentOnly: @Sendable (LoadedEngine) -> String? = {
         $0.capabilities.contains(.persistent) ? nil : "the engine does not declare SB_CAP_PERSISTENT"

@@ -338,7 +338,7 @@ extension ValueInfo: WireCodable {
     }
 }
 
-// EngineStatus is a `u8` (0 found, 1 loaded, 2 refused); EngineCapabilities a `u32` of bits (0 persistent, 1 atomic).
+// EngineStatus is a `u8` (0 found, 1 loaded, 2 refused); EngineCapabilities a `u32` of bits (0 persistent, 1 atomic, 2 nonblocking, 3 shared).
 
 /// `text name, text path, u8 status, u16 abiMajor, u16 abiMinor, u32 capabilities, text detail`.
 /// `detail` is the engine's version text, or why it cannot be used.

@@ -236,6 +236,7 @@ struct Engines: AsyncParsableCommand {
                 (info.capabilities.contains(.persistent) ? ["persistent"] : [])
                     + (info.capabilities.contains(.atomic) ? ["atomic"] : [])
                     + (info.capabilities.contains(.nonblocking) ? ["nonblocking"] : [])
+                    + (info.capabilities.contains(.shared) ? ["shared"] : [])
             }
             let objects = engines.map { info in
                 "{\"name\":\(JSON.string(info.name)),\"status\":\"\(status(info))\",\"abi\":\(abi(info).map(JSON.string) ?? "null"),"

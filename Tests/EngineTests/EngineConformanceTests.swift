@@ -1,6 +1,7 @@
 import BrokerCore
 import EngineConformance
 import EngineLoader
+import StoreModel
 import Testing
 import TestSupport
 
@@ -52,6 +53,32 @@ let persistentEngines = ["sqlite", "disk", "c-example"]
             for property in Conformance.properties {
                 let outcome = await offThePool { await Conformance.check(property, engine, setup: setup) }
                 if case .failed(let message) = outcome { Issue.record("postgres \(property.name): \(message)") }
+            }
+        }
+    }
+}
+
+/// The postgres engine's commit log window (`log_commits`): commits_since fails with `gone` past it.
+@Suite struct PostgresCommitLogTests {
+    @Test func commitsBeyondTheWindowAreGone() async throws {
+        let engine = try sharedLoader.load("postgres")
+        try await withPrivatePostgres { server in
+            try await withTemporaryDirectory { directory in
+                let options = ["conninfo": server.conninfo, "log_commits": "2"]
+                let store = try engine.open(directory: directory, store: "windowed", options: options) as! LoadedStore
+                defer { store.close() }
+                for sequence in UInt64(1)...5 {
+                    try store.apply(
+                        [.put(record("k\(sequence)", "v"))], at: Position(epoch: sequence == 1 ? 0 : 9, sequence: sequence - 1),
+                        epoch: 9, commits: [(sequence, [UInt8(sequence)])])
+                }
+                var seen: [UInt64] = []
+                let position = try store.commits(epoch: 9, after: 3) { sequence, _ in seen.append(sequence) }
+                #expect(seen == [4, 5] && position == Position(epoch: 9, sequence: 5))
+                for after in [UInt64(0), 2] {
+                    let error = #expect(throws: EngineFailure.self) { try store.commits(epoch: 9, after: after) { _, _ in } }
+                    #expect(error?.code == .gone, "after \(after): \(String(describing: error))")
+                }
             }
         }
     }

@@ -35,6 +35,9 @@ let brokenEngineSource = #"""
     #ifndef ENGINE_NAME
     #define ENGINE_NAME "broken"
     #endif
+    #ifndef CAPABILITIES
+    #define CAPABILITIES 0
+    #endif
     static int32_t chk(const storebroker_engine *e, const sb_option *p, size_t n, sb_error *error) { return 0; }
     static int32_t o(const storebroker_engine *e, const char *d, const char *s, const sb_option *p, size_t n,
                      sb_store **out, uint64_t *seq, sb_error *error) { error->code = SB_ERR_UNSUPPORTED; return 5; }
@@ -46,7 +49,7 @@ let brokenEngineSource = #"""
     static int32_t co(sb_store *s, uint64_t *n, sb_error *e) { return 5; }
     static const char *const keys[] = {NULL};
     static const storebroker_engine table = {
-        ABI_MAJOR, 3, STRUCT_SIZE, ENGINE_NAME, "0.0.1", 0, keys, chk,
+        ABI_MAJOR, 3, STRUCT_SIZE, ENGINE_NAME, "0.0.1", CAPABILITIES, keys, chk,
     #ifdef NULL_MEMBER
         o, c, dr, 0, sc, co,
     #else
@@ -112,7 +115,7 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
         let error = try await brokenLoadError("future", ["ABI_MAJOR=3"])
         #expect(error.reason == .abiMismatch)
         #expect(error.message.contains("built for engine ABI 3.3"))
-        #expect(error.message.contains("this host speaks 2.0"))
+        #expect(error.message.contains("this host speaks 2.1"))
     }
 
     /// An engine built for ABI 1 is told what 2.0 changed.
@@ -127,6 +130,25 @@ func buildBrokenEngine(_ name: String, in directory: String, defines: [String]) 
         let error = try await brokenLoadError("short", ["STRUCT_SIZE=8"])
         #expect(error.reason == .abiMismatch)
         #expect(error.message.contains("table is 8 bytes"))
+    }
+
+    /// A minor version's members are never read past an engine's table: one that ends where ABI 2.0 ended loads,
+    /// and shares no stores.
+    @Test func aTableOfABI20LoadsIntoA21Host() async throws {
+        try await withTemporaryDirectory { directory in
+            _ = try buildBrokenEngine(
+                "older", in: directory, defines: ["STRUCT_SIZE=offsetof(storebroker_engine,load)", "ENGINE_NAME=\"older\""])
+            let engine = try EngineLoader(searchPath: .init(directories: [directory])).load("older")
+            #expect(!engine.sharesStores)
+            #expect(throws: EngineFailure.self) { _ = try engine.watch(options: [:]) }
+        }
+    }
+
+    /// SB_CAP_SHARED without ABI 2.1's members (a table of 2.0's size, or NULL members) is refused by name.
+    @Test func aSharedEngineWithoutTheSharedMembersIsRefused() async throws {
+        let error = try await brokenLoadError("halfshared", ["CAPABILITIES=8"])
+        #expect(error.reason == .invalidEngine)
+        #expect(error.message.contains("SB_CAP_SHARED"))
     }
 
     @Test func aMissingEntrySymbolIsNamed() async throws {

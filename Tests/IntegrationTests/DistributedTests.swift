@@ -183,6 +183,29 @@ extension Integration {
             }
         }
 
+        /// A broker that fell further behind than the commit log keeps (`postgres.log_commits`) reloads the store:
+        /// its watchers get `history-gone` and the store as it is now, and it goes on following.
+        @Test func aBrokerBehindTheCommitLogReloadsAndSaysHistoryGone() async throws {
+            try await withTwoBrokers(arguments: { _ in ["--engine-option", "postgres.log_commits=3"] }) { _, a, b in
+                #expect(try await a.storectl(["insert", "notes", #"{"id":"0"}"#]).status == 0)
+                let watcher = try await b.watch("notes")
+                #expect(await watcher.waitFor(sequence: 1))
+                // B stops taking notices (SIGSTOP) while A commits past the log's window.
+                let paused = try #require(b.process)
+                paused.signal(SIGSTOP)
+                for index in 1...10 { _ = try await a.storectl(["insert", "notes", "{\"id\":\"\(index)\"}"]) }
+                paused.signal(SIGCONT)
+                #expect(await eventually { watcher.objects.contains { $0["op"] as? String == "history-gone" } }, "\(watcher.lines)")
+                #expect(await watcher.waitFor(sequence: 11))
+                let reloaded = watcher.objects.last { $0["op"] as? String == "loaded" }
+                #expect(reloaded?["sequence"] as? Int == 11 && reloaded?["count"] as? Int == 11, "\(watcher.lines)")
+                #expect(try await a.storectl(["insert", "notes", #"{"id":"12"}"#]).stdout == "12\n")
+                #expect(await watcher.waitFor(sequence: 12), "followed after the reload: \(watcher.lines)")
+                #expect(try await b.storectl(["count", "notes"]).stdout == "12\n")
+                await watcher.stop()
+            }
+        }
+
         /// A commit through A is a D-Bus signal on B's bus, and a drop through A ends B's store too.
         @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/dbus-daemon")))
         func commitsThroughOneBrokerAreSignalsOnTheOthersBus() async throws {
