@@ -7,6 +7,7 @@ Prints one table with every ratio; unless --quick, rewrites the generated sectio
 (between its markers) and docs/benchmarks-side-by-side.json. Standard library only.
 """
 import argparse
+import glob
 import datetime
 import json
 import os
@@ -90,14 +91,48 @@ class Redis:
         self.work.stop(self.process)
 
 
+class Postgres:
+    """A private PostgreSQL server: a new cluster in the work directory, on a Unix socket only, with the
+    server's default durability (fsync, synchronous_commit on). As root, it runs as the postgres user."""
+
+    def __init__(self, work):
+        self.work = work
+        self.directory = work.path("pg")
+        shutil.rmtree(self.directory, ignore_errors=True)
+        os.makedirs(self.directory)
+        versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"), key=lambda p: int(p.split("/")[4]))
+        if not versions:
+            raise RuntimeError("no PostgreSQL server under /usr/lib/postgresql (scripts/setup.sh installs it)")
+        bin_dir = os.path.dirname(versions[-1])
+        prefix = []
+        if os.getuid() == 0:
+            import pwd
+            user = pwd.getpwnam("postgres")
+            os.chown(work.directory, user.pw_uid, user.pw_gid)
+            os.chown(self.directory, user.pw_uid, user.pw_gid)
+            prefix = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]
+        run(prefix + [os.path.join(bin_dir, "initdb"), "-D", os.path.join(self.directory, "data"), "-A", "trust",
+                      "-U", "postgres", "-E", "UTF8"])
+        self.process = work.spawn(prefix + [os.path.join(bin_dir, "postgres"), "-D", os.path.join(self.directory, "data"),
+                                            "-k", self.directory, "-p", "5432", "-c", "listen_addresses="], "postgres.log")
+        wait_for_socket(os.path.join(self.directory, ".s.PGSQL.5432"), self.process, "postgres")
+        time.sleep(0.5)
+        self.conninfo = f"host={self.directory} port=5432 user=postgres dbname=postgres"
+
+    def stop(self):
+        self.process.send_signal(signal.SIGINT)
+        self.work.stop(self.process)
+
+
 class Broker:
     """storebrokerd (release) on a fresh socket and data directory."""
 
-    def __init__(self, work, bin_dir, engine="memory", options=(), dbus=None, data=None, keep=False, cpu=None):
+    def __init__(self, work, bin_dir, engine="memory", options=(), dbus=None, data=None, keep=False, cpu=None,
+                 name="broker"):
         self.work = work
         self.bin = bin_dir
-        self.socket = work.path("broker.sock")
-        self.data = data or work.path("broker-data")
+        self.socket = work.path(f"{name}.sock")
+        self.data = data or work.path(f"{name}-data")
         if not keep:
             shutil.rmtree(self.data, ignore_errors=True)
         if os.path.exists(self.socket):
@@ -108,7 +143,7 @@ class Broker:
             arguments += ["--engine-option", option]
         arguments += ["--dbus-address", dbus] if dbus else ["--no-dbus"]
         self.started = time.monotonic()
-        self.process = work.spawn(arguments, "broker.log", cpu=cpu)
+        self.process = work.spawn(arguments, f"{name}.log", cpu=cpu)
         wait_for_socket(self.socket, self.process, "storebrokerd")
 
     def rss_bytes(self):
@@ -589,6 +624,71 @@ class Bench:
         finally:
             self.work.stop(bus)
 
+    def distributed(self):
+        """Brokers sharing stores through PostgreSQL (docs/DISTRIBUTED.md): durable inserts through the postgres
+        engine against the sqlite engine (FULL: both on disk before the answer), and how long a commit through one
+        broker takes to reach a subscriber of another."""
+        server = Postgres(self.work)
+        try:
+            for label, shape in [("1 client", ["-c", "1", "-n", str(self.n(2_000, 500))]),
+                                 ("50 clients", ["-c", "50", "-n", str(self.n(20_000, 5_000))])]:
+                def ours(shape=shape):
+                    broker = Broker(self.work, self.bin, engine="postgres", options=[f"postgres.conninfo={server.conninfo}"])
+                    try:
+                        row = self.ours(broker.socket, "-t", "insert", "-d", "200", "-r", "1000000", *shape)["insert"]
+                        return {"rps": row["rps"], "p50": row["p50"]}
+                    finally:
+                        broker.stop()
+
+                def theirs(shape=shape):
+                    broker = Broker(self.work, self.bin, engine="sqlite", options=["sqlite.synchronous=FULL"])
+                    try:
+                        row = self.ours(broker.socket, "-t", "insert", "-d", "200", "-r", "1000000", *shape)["insert"]
+                        return {"rps": row["rps"], "p50": row["p50"]}
+                    finally:
+                        broker.stop()
+
+                metrics = [(f"durable insert through postgres, {label}: requests/s", "rps", "/s", "higher",
+                            "the sqlite engine, FULL")]
+                if label == "1 client":
+                    metrics.append(("durable insert through postgres, 1 client: p50", "p50", "µs", "lower",
+                                    "the sqlite engine, FULL"))
+                self.pair(f"postgres {label}", ours, theirs, metrics)
+
+            commits = str(self.n(2_000, 500))
+
+            def fanout(writer_socket, subscriber_socket):
+                return self.ours(subscriber_socket, "-t", "fanout", "--writer-socket", writer_socket,
+                                 "--subscribers", "4", "--rate", "200", "-n", commits, "-d", "200",
+                                 "--store", f"fan-{time.monotonic_ns()}")["fanout"]
+
+            def across():
+                options = [f"postgres.conninfo={server.conninfo}"]
+                a = Broker(self.work, self.bin, engine="postgres", options=options, name="broker-a")
+                b = Broker(self.work, self.bin, engine="postgres", options=options, name="broker-b")
+                try:
+                    row = fanout(a.socket, b.socket)
+                    return {"p50": row["p50"], "p99": row["p99"]}
+                finally:
+                    a.stop()
+                    b.stop()
+
+            def one():
+                broker = Broker(self.work, self.bin, engine="postgres", options=[f"postgres.conninfo={server.conninfo}"])
+                try:
+                    row = fanout(broker.socket, broker.socket)
+                    return {"p50": row["p50"], "p99": row["p99"]}
+                finally:
+                    broker.stop()
+
+            self.pair("cross-broker latency", across, one, [
+                ("cross-broker event latency, 200 commits/s through A, 4 subscribers on B: p50", "p50", "µs", "lower",
+                 "writer and subscribers on one broker"),
+                ("cross-broker event latency, 200 commits/s through A, 4 subscribers on B: p99", "p99", "µs", "lower",
+                 "writer and subscribers on one broker")])
+        finally:
+            server.stop()
+
     def cold_start(self):
         sizes = [100_000] if self.quick else [100_000, 1_000_000]
         for count in sizes:
@@ -623,7 +723,7 @@ class Bench:
 
     def all(self):
         steps = [self.floor_and_shapes, self.ping_floor, self.batch, self.large_store, self.durable, self.library,
-                 self.four_writers, self.batch_and_read, self.fanout, self.cold_start]
+                 self.four_writers, self.batch_and_read, self.fanout, self.cold_start, self.distributed]
         if self.args.only:
             wanted = self.args.only.split(",")
             unknown = [name for name in wanted if name not in [step.__name__ for step in steps]]

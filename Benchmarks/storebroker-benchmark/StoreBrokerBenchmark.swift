@@ -50,6 +50,8 @@ struct StoreBrokerBenchmark: ParsableCommand {
     @Option(help: "Items per range request (0: all).") var rangeLimit = 100
     @Option(help: "fanout: subscriber connections.") var subscribers = 32
     @Option(help: "fanout: the writer's commits per second.") var rate = 1000
+    @Option(help: "fanout: the broker the writer commits through (default: -s). Another broker sharing the store (docs/DISTRIBUTED.md) makes the latency cross-broker.")
+    var writerSocket: String?
     @Flag(help: "Ids 0, 1, 2... in sending order instead of random ones (to fill a store).") var sequentialIds = false
     @Flag(help: "redis-benchmark's CSV.") var csv = false
     @Flag(name: .customShort("q"), help: "One line per test.") var quiet = false
@@ -80,8 +82,8 @@ struct StoreBrokerBenchmark: ParsableCommand {
             }
             if test == .fanout {
                 report(test, try FanOut.measure(
-                    socket: socket, store: store, subscribers: subscribers, commits: requests, rate: rate,
-                    dataSize: dataSize, group: group))
+                    socket: socket, writerSocket: writerSocket ?? socket, store: store, subscribers: subscribers,
+                    commits: requests, rate: rate, dataSize: dataSize, group: group))
                 continue
             }
             let result = try Run.measure(
@@ -560,7 +562,7 @@ final class FanOut: ChannelInboundHandler, @unchecked Sendable {
     }
 
     static func measure(
-        socket: String, store: String, subscribers: Int, commits: Int, rate: Int, dataSize: Int,
+        socket: String, writerSocket: String, store: String, subscribers: Int, commits: Int, rate: Int, dataSize: Int,
         group: MultiThreadedEventLoopGroup
     ) throws -> Run.Result {
         let loop = group.next()
@@ -587,7 +589,7 @@ final class FanOut: ChannelInboundHandler, @unchecked Sendable {
                     try channel.pipeline.syncOperations.addHandler(AnswerSink(ready: writerReady))
                 }
             }
-            .connect(unixDomainSocketPath: socket).wait()
+            .connect(unixDomainSocketPath: writerSocket).wait()
         try writerReady.futureResult.wait()
         let padding = max(0, dataSize - 8)
         let cpuBefore = cpuSeconds()

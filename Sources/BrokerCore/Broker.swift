@@ -433,10 +433,31 @@ public final class Broker: Sendable {
         }
     }
 
+    /// The stores of the data directory and, when the default engine shares its stores, those the database holds
+    /// that this broker has not seen yet (other brokers created them), in name byte order.
+    private func storeNames() async throws(BrokerError) -> [String] {
+        let names = try environment.directory.storeNames()
+        guard let engine = try? environment.engines.engine(named: configuration.defaultEngine),
+            let shared = engine as? any SharedStorageEngine, shared.sharesStores
+        else { return names }
+        let options = configuration.engineOptions[engine.name] ?? [:]
+        // A query of the database: on a writer thread, made for blocking calls, not on the task's.
+        let listed: Result<[String], BrokerError> = await withCheckedContinuation { continuation in
+            environment.onWriter {
+                continuation.resume(
+                    returning: Result { () throws(BrokerError) in
+                        try EnginePlace.engineCall { () throws(EngineFailure) in try shared.storeNames(options: options) }
+                    })
+            }
+        }
+        let elsewhere = try listed.get().filter { Naming.problem(withName: $0) == nil }
+        return Array(Set(names).union(elsewhere)).sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+    }
+
     /// Every existing store, in name byte order.
     private func storeInfos() async throws(BrokerError) -> [StoreInfo] {
         var infos: [StoreInfo] = []
-        for name in try environment.directory.storeNames() {
+        for name in try await storeNames() {
             let store = store(name)
             do throws(BrokerError) {
                 try await store.loaded()

@@ -1021,7 +1021,11 @@ final class ManagedStore: Sendable {
             do throws(BrokerError) {
                 var position = try read(epoch: info.epoch, after: info.sequence)
                 if let unreadable { throw unreadable }
-                if position.epoch == info.epoch { return publish(fetched, leaving: &leftovers) }
+                if position.epoch == info.epoch {
+                    // Behind this broker: the database lost commits it holds (restored, a replica promoted).
+                    if position.sequence < info.sequence { return try reload(shared, engine: engine) }
+                    return publish(fetched, leaving: &leftovers)
+                }
                 if info.epoch != 0 {
                     // Dropped by another broker (and perhaps created again): what this broker held of it ends.
                     droppedElsewhere(info, manifest: manifest)

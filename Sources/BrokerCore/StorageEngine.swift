@@ -204,6 +204,8 @@ public protocol SharedStorageEngine: StorageEngine {
     var sharesStores: Bool { get }
     /// Starts watching every store under `options`.
     func watch(options: [String: String]) throws(EngineFailure) -> any EngineWatch
+    /// The name of every store that exists under `options` (other brokers' included).
+    func storeNames(options: [String: String]) throws(EngineFailure) -> [String]
 }
 
 /// A watch on a shared engine's stores: its descriptor becomes readable when stores may have changed.

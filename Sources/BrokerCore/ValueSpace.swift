@@ -500,7 +500,11 @@ final class ValueSpace: Sendable {
             do throws(BrokerError) {
                 var position = try read(epoch: epoch, after: commits)
                 if let unreadable { throw unreadable }
-                if position.epoch == epoch { return publish(fetched, epoch: epoch) }
+                if position.epoch == epoch {
+                    // Behind this broker: the database lost commits it holds (restored, a replica promoted).
+                    if position.sequence < commits { return try reload(shared, engine: engine) }
+                    return publish(fetched, epoch: epoch)
+                }
                 guard position.epoch != 0 else { return }
                 guard epoch == 0 else { return try reload(shared, engine: engine) }
                 let adopted = try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)

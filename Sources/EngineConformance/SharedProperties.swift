@@ -129,14 +129,17 @@ enum SharedProperties {
 
     static let dropEndsTheEpoch = Property(
         "drop-ends-the-epoch",
-        "after a drop the store loads empty at {0, 0}, its log is gone, and it can be created again with a new epoch",
+        "list_stores names a store that exists; after a drop it does not, the store loads empty at {0, 0}, its log is gone, and it can be created again with a new epoch",
         skip: sharedOnly
     ) { context in
         let directory = try context.storeDirectory()
         try context.withStore(directory) {
             try $0.apply([.put(record("a", "1"))], at: Position(epoch: 0, sequence: 0), epoch: 11, commits: [(1, [1])])
         }
-        try context.engine.drop(directory: directory, store: context.storeName(directory), options: context.setup.options)
+        let name = context.storeName(directory)
+        try require(try context.engine.storeNames(options: context.setup.options).contains(name), "list_stores does not name a store that exists")
+        try context.engine.drop(directory: directory, store: name, options: context.setup.options)
+        try require(!(try context.engine.storeNames(options: context.setup.options).contains(name)), "list_stores names a dropped store")
         try context.withStore(directory) { store in
             let loaded = try load(store)
             try require(loaded.records.isEmpty && loaded.position == Position(epoch: 0, sequence: 0), "after the drop: \(loaded.position)")

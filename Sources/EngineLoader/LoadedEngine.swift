@@ -95,7 +95,7 @@ public final class LoadedEngine: SharedStorageEngine, @unchecked Sendable {
         self.functions = t
         let shared = EngineCapabilities(rawValue: UInt32(truncatingIfNeeded: t.capabilities)).contains(.shared)
         let complete = t.load != nil && t.apply_at != nil && t.commits_since != nil && t.watch_open != nil
-            && t.watch_changes != nil && t.watch_close != nil
+            && t.watch_changes != nil && t.watch_close != nil && t.list_stores != nil
         guard !shared || complete else {
             throw EngineLoadError(
                 .invalidEngine, path: path,
@@ -146,6 +146,22 @@ public final class LoadedEngine: SharedStorageEngine, @unchecked Sendable {
         try withOptions(options) { (list, count) throws(EngineFailure) in
             var error = sb_error()
             try check(table.pointee.drop(table, directory, store, list, count, &error), &error)
+        }
+    }
+
+    public func storeNames(options: [String: String]) throws(EngineFailure) -> [String] {
+        guard sharesStores, let list = functions.list_stores else {
+            throw EngineFailure(.unsupported, "the engine does not share its stores", engine: name)
+        }
+        return try withOptions(options) { (options, count) throws(EngineFailure) in
+            var error = sb_error()
+            let names = Collector<[String]>([])
+            let status = list(table, options, count, { context, name in
+                if let name { Unmanaged<Collector<[String]>>.fromOpaque(context!).takeUnretainedValue().values.append(String(cString: name)) }
+                return 0
+            }, Unmanaged.passUnretained(names).toOpaque(), &error)
+            try check(status, &error)
+            return names.values
         }
     }
 

@@ -98,6 +98,8 @@ public protocol SharedEngineDefinition: EngineDefinition {
     /// Starts watching every store under `options`; the watch and the descriptor that becomes readable when
     /// stores may have changed.
     func watch(options: [String: String]) throws(EngineError) -> (watch: any EngineWatchImplementation, descriptor: Int32)
+    /// The name of every store that exists under `options`.
+    func storeNames(options: [String: String]) throws(EngineError) -> [String]
 }
 
 /// A watch (`watch_open`): one caller at a time.
@@ -250,7 +252,8 @@ public enum EngineExport {
                     outCount!.pointee = try EngineExport.store(handle).count()
                 }
             },
-            load: nil, apply_at: nil, commits_since: nil, watch_open: nil, watch_changes: nil, watch_close: nil)
+            load: nil, apply_at: nil, commits_since: nil, watch_open: nil, watch_changes: nil, watch_close: nil,
+            list_stores: nil)
         var filled = table
         if engine is any SharedEngineDefinition { EngineExport.fillShared(&filled) }
         raw.initializeMemory(as: storebroker_engine.self, to: filled)
@@ -296,6 +299,16 @@ public enum EngineExport {
                 let watch = Unmanaged<WatchBox>.fromOpaque(UnsafeRawPointer(handle!)).takeUnretainedValue().watch
                 outDescriptor!.pointee = try watch.changes { name in
                     if let name { _ = name.withCString { sink!(context, $0) } } else { _ = sink!(context, nil) }
+                }
+            }
+        }
+        table.list_stores = { table, options, count, sink, context, error in
+            report(error) { () throws(EngineError) in
+                guard let shared = EngineExport.definition(table!) as? any SharedEngineDefinition else {
+                    throw EngineError(Int32(SB_ERR_UNSUPPORTED), "the engine does not share its stores")
+                }
+                for name in try shared.storeNames(options: EngineExport.options(options, count)) {
+                    _ = name.withCString { sink!(context, $0) }
                 }
             }
         }

@@ -240,7 +240,7 @@ struct storebroker_engine {
      * from it before the scan). */
     int32_t (*count)(sb_store *store, uint64_t *out_count, sb_error *error);
 
-    /* --- ABI 2.1: shared stores. An engine that sets SB_CAP_SHARED fills all of these; any other sets them NULL
+    /* --- ABI 2.1: shared stores. An engine that sets SB_CAP_SHARED fills all seven; any other sets them NULL
      * (or reports a struct_size that ends before them). The host then commits only through `apply_at`, loads
      * through `load`, and learns of other hosts' commits through the watch and `commits_since`. --- */
 
@@ -277,6 +277,11 @@ struct storebroker_engine {
 
     /* Ends the watch; `watch` is not used again. */
     void (*watch_close)(sb_watch *watch);
+
+    /* Calls `sink` with the name of every store that exists (a non-zero epoch) under these options, in any
+     * order: the host lists stores other hosts created that it has not seen yet. */
+    int32_t (*list_stores)(const storebroker_engine *engine, const sb_option *options, size_t option_count,
+                           sb_name_sink sink, void *context, sb_error *error);
 
     /* --- Members added by later minor versions go here, and only here. --- */
 };

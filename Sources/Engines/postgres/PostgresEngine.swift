@@ -102,6 +102,19 @@ extension PostgresEngine {
         let watch = try Watch(conninfo: settings.conninfo, tables: Tables(schema: settings.schema))
         return (watch, watch.descriptor)
     }
+
+    func storeNames(options: [String: String]) throws(EngineError) -> [String] {
+        let settings = try Settings(options)
+        let shared = try sessions.acquire(settings)
+        defer { sessions.release(shared) }
+        return try shared.use { (session, tables) throws(EngineError) in
+            let rows = try session.run("SELECT name FROM \(tables.stores) WHERE epoch <> 0")
+            return (0..<rows.rows).map { row in
+                let name = rows.bytes(row, 0)
+                return String(decoding: UnsafeBufferPointer(start: name.data, count: name.length), as: UTF8.self)
+            }
+        }
+    }
 }
 
 /// The engine's table names in a schema, quoted.
