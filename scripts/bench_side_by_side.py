@@ -97,9 +97,9 @@ class Postgres:
 
     def __init__(self, work):
         self.work = work
-        self.directory = work.path("pg")
-        shutil.rmtree(self.directory, ignore_errors=True)
-        os.makedirs(self.directory)
+        # A directory of its own (the server's user owns it; the brokers refuse a work directory that is not
+        # theirs).
+        self.directory = tempfile.mkdtemp(prefix="sb-pg-")
         versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"), key=lambda p: int(p.split("/")[4]))
         if not versions:
             raise RuntimeError("no PostgreSQL server under /usr/lib/postgresql (scripts/setup.sh installs it)")
@@ -108,7 +108,6 @@ class Postgres:
         if os.getuid() == 0:
             import pwd
             user = pwd.getpwnam("postgres")
-            os.chown(work.directory, user.pw_uid, user.pw_gid)
             os.chown(self.directory, user.pw_uid, user.pw_gid)
             prefix = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]
         run(prefix + [os.path.join(bin_dir, "initdb"), "-D", os.path.join(self.directory, "data"), "-A", "trust",
@@ -122,6 +121,7 @@ class Postgres:
     def stop(self):
         self.process.send_signal(signal.SIGINT)
         self.work.stop(self.process)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class Broker:
