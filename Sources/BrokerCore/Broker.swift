@@ -158,7 +158,7 @@ public final class Broker: Sendable {
         else { return }
         let watcher = try SharedWatcher(
             engine: shared, options: configuration.engineOptions[engine.name] ?? [:], logger: logger,
-            changed: { [weak self] name in self?.sharedStoreChanged(name) },
+            changed: { [weak self] name, position in self?.sharedStoreChanged(name, at: position) },
             tick: { [weak self] in self?.retryFailedCatchUps() })
         watchers.withLock { $0.append(watcher) }
         values.preload()
@@ -166,8 +166,9 @@ public final class Broker: Sendable {
         logger.info("following the stores engine \(engine.name) shares with other brokers")
     }
 
-    /// Another broker committed to store `name` (nil: to any store).
-    private func sharedStoreChanged(_ name: String?) {
+    /// Another broker committed to store `name` (nil: to any store), reaching `position` when the engine says so
+    /// (a store already there, by its own commit, has nothing to do).
+    private func sharedStoreChanged(_ name: String?, at position: Position?) {
         guard !stopping.withLock({ $0 }) else { return }
         guard let name else {
             values.follow()
@@ -176,12 +177,13 @@ public final class Broker: Sendable {
             return
         }
         switch name {
-        case ValueSpace.engineStoreName(.value): return values.follow()
-        case ValueSpace.engineStoreName(.secureValue): return secureValues.follow()
+        case ValueSpace.engineStoreName(.value): return values.follow(reaching: position)
+        case ValueSpace.engineStoreName(.secureValue): return secureValues.follow(reaching: position)
         default: break
         }
         // Not a name a store can have: a stranger's.
         guard Naming.problem(withName: name) == nil else { return }
+        if let position, let known = stores.withLock({ $0[name] }), known.holds(position) { return }
         store(name).follow()
     }
 

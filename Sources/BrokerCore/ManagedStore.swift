@@ -967,6 +967,11 @@ final class ManagedStore: Sendable {
         if start { environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) } }
     }
 
+    /// Whether this store is loaded at `position` (its own commit's notice: nothing to catch up).
+    func holds(_ position: Position) -> Bool {
+        state.withLock { $0.phase == .ready && $0.epoch == position.epoch && $0.sequence == position.sequence }
+    }
+
     /// Whether the last catch-up failed (the watcher asks again).
     var catchUpFailed: Bool { state.withLock { $0.catchUpFailed } }
 

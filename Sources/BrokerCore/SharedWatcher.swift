@@ -1,6 +1,7 @@
 import Glibc
 import Locking
 import Logging
+import StoreModel
 
 /// Listens for other brokers' commits to a shared engine's stores (ABI 2.1's watch) on a thread of its own,
 /// which only waits on the watch's descriptor and reads its notices: the catch-ups themselves run on each store's
@@ -12,10 +13,11 @@ final class SharedWatcher: Sendable {
     private let stopRead: Int32
     private let stopWrite: Locked<Int32>
 
-    /// `changed`: a store's name, or nil for every store; `tick`: once a second.
+    /// `changed`: a store's name and its position after the change when known, or nil for every store; `tick`:
+    /// once a second.
     init(
         engine: any SharedStorageEngine, options: [String: String], logger: Logger,
-        changed: @escaping @Sendable (String?) -> Void, tick: @escaping @Sendable () -> Void
+        changed: @escaping @Sendable (String?, Position?) -> Void, tick: @escaping @Sendable () -> Void
     ) throws(BrokerError) {
         watch = try EnginePlace.engineCall { () throws(EngineFailure) in try engine.watch(options: options) }
         var ends: [Int32] = [0, 0]
@@ -54,14 +56,14 @@ final class SharedWatcher: Sendable {
         var descriptor: Int32
         let logger: Logger
         let engine: String
-        let changed: @Sendable (String?) -> Void
+        let changed: @Sendable (String?, Position?) -> Void
         let tick: @Sendable () -> Void
         /// Failing since: logged once per streak.
         var failing = false
 
         init(
             watch: any EngineWatch, stop: Int32, descriptor: Int32, logger: Logger, engine: String,
-            changed: @escaping @Sendable (String?) -> Void, tick: @escaping @Sendable () -> Void
+            changed: @escaping @Sendable (String?, Position?) -> Void, tick: @escaping @Sendable () -> Void
         ) {
             self.watch = watch
             self.stop = stop

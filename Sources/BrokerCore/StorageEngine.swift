@@ -211,9 +211,10 @@ public protocol SharedStorageEngine: StorageEngine {
 /// A watch on a shared engine's stores: its descriptor becomes readable when stores may have changed.
 public protocol EngineWatch: AnyObject, Sendable {
     var descriptor: Int32 { get }
-    /// Hands `changed` each store named since the last call (nil: any may have changed); the descriptor to wait
-    /// on next (-1: call again after a short wait). Never blocks on the database.
-    func changes(_ changed: (String?) -> Void) throws(EngineFailure) -> Int32
+    /// Hands `changed` each store named since the last call, with its position after the change when the
+    /// engine knows it (a nil name: any may have changed); the descriptor to wait on next (-1: call again after a
+    /// short wait). Never blocks on the database.
+    func changes(_ changed: (String?, Position?) -> Void) throws(EngineFailure) -> Int32
     func close()
 }
 

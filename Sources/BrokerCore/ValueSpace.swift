@@ -431,9 +431,11 @@ final class ValueSpace: Sendable {
 
     /// Another broker may have committed to this namespace: the writer catches up before its next group (a
     /// namespace not loaded yet reads the database when it loads).
-    func follow() {
+    func follow(reaching position: Position? = nil) {
         let start = state.withLock { state -> Bool in
             guard state.loaded, !state.stopping else { return false }
+            // Already there (this broker's own commit): nothing to catch up.
+            if let position, position.epoch == state.epoch, position.sequence == state.commits { return false }
             state.catchUpWanted = true
             state.catchUpFailed = false
             guard !state.writing else { return false }

@@ -152,7 +152,7 @@ enum SharedProperties {
 
     static let watchNamesTheStore = Property(
         "watch-names-the-store",
-        "after an apply_at, the watch's descriptor becomes readable within 10 s and watch_changes names the store",
+        "after an apply_at, the watch's descriptor becomes readable within 10 s and watch_changes names the store (with the position the commit left, when it gives one)",
         skip: sharedOnly
     ) { context in
         let watch = try context.engine.watch(options: context.setup.options)
@@ -165,13 +165,20 @@ enum SharedProperties {
             try $0.apply([.put(record("a", "1"))], at: Position(epoch: 0, sequence: 0), epoch: 1, commits: [(1, [1])])
         }
         var named: [String?] = []
+        var positions: [Position] = []
         let deadline = Date().addingTimeInterval(10)
         while !named.contains(name), Date() < deadline {
             var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
             guard descriptor < 0 || poll(&poller, 1, 200) > 0 else { continue }
-            descriptor = try watch.changes { named.append($0) }
+            descriptor = try watch.changes { changed, position in
+                named.append(changed)
+                if changed == name, let position { positions.append(position) }
+            }
         }
         try require(named.contains(name), "watch_changes named \(named.map { $0 ?? "(any)" }) within 10 s, not \(name)")
+        try require(
+            positions.allSatisfy { $0 == Position(epoch: 1, sequence: 1) },
+            "watch_changes gave the position \(positions) for a commit that left the store at {1, 1}")
     }
 }
 

@@ -379,16 +379,17 @@ public final class LoadedWatch: EngineWatch, @unchecked Sendable {
 
     deinit { close() }
 
-    public func changes(_ changed: (String?) -> Void) throws(EngineFailure) -> Int32 {
+    public func changes(_ changed: (String?, Position?) -> Void) throws(EngineFailure) -> Int32 {
         try closed.withLock { [engine, handle] (closed) throws(EngineFailure) -> Int32 in
             guard !closed else { throw EngineFailure(.invalid, "the watch is closed", engine: engine.name) }
             var error = sb_error()
             var descriptor: Int32 = -1
             let status = withoutActuallyEscaping(changed) { changed in
                 let visitor = Collector(changed)
-                return engine.functions.watch_changes!(handle, { context, name in
-                    Unmanaged<Collector<(String?) -> Void>>.fromOpaque(context!).takeUnretainedValue().values(
-                        name.map { String(cString: $0) })
+                return engine.functions.watch_changes!(handle, { context, name, position in
+                    Unmanaged<Collector<(String?, Position?) -> Void>>.fromOpaque(context!).takeUnretainedValue().values(
+                        name.map { String(cString: $0) },
+                        position.map { Position(epoch: $0.pointee.epoch, sequence: $0.pointee.sequence) })
                     return 0
                 }, Unmanaged.passUnretained(visitor).toOpaque(), &descriptor, &error)
             }

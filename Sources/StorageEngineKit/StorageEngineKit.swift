@@ -104,9 +104,10 @@ public protocol SharedEngineDefinition: EngineDefinition {
 
 /// A watch (`watch_open`): one caller at a time.
 public protocol EngineWatchImplementation: AnyObject {
-    /// Hands `changed` each store the notices since the last call name (nil: any store may have changed); the
-    /// descriptor to wait on next (-1: call again after a short wait).
-    func changes(_ changed: (String?) -> Void) throws(EngineError) -> Int32
+    /// Hands `changed` each store the notices since the last call name, with its position after the change when
+    /// known (a nil name: any store may have changed); the descriptor to wait on next (-1: call again after a
+    /// short wait).
+    func changes(_ changed: (String?, sb_position?) -> Void) throws(EngineError) -> Int32
     func close()
 }
 
@@ -297,8 +298,13 @@ public enum EngineExport {
             outDescriptor?.pointee = -1
             return report(error) { () throws(EngineError) in
                 let watch = Unmanaged<WatchBox>.fromOpaque(UnsafeRawPointer(handle!)).takeUnretainedValue().watch
-                outDescriptor!.pointee = try watch.changes { name in
-                    if let name { _ = name.withCString { sink!(context, $0) } } else { _ = sink!(context, nil) }
+                outDescriptor!.pointee = try watch.changes { name, position in
+                    guard let name else { return _ = sink!(context, nil, nil) }
+                    if var position {
+                        _ = name.withCString { sink!(context, $0, &position) }
+                    } else {
+                        _ = name.withCString { sink!(context, $0, nil) }
+                    }
                 }
             }
         }

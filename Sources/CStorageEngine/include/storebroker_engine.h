@@ -168,9 +168,14 @@ typedef struct sb_commit {
 /* The callback of `commits_since`: as `sb_item_sink`, once per commit, in sequence order. */
 typedef int32_t (*sb_commit_sink)(void *context, const sb_commit *commit);
 
-/* The callback of `watch_changes`: the name of a store that may have new commits, or NULL for "any store may
- * have changed" (after the engine lost and remade its watch, when notices may have been missed). */
+/* The callback of `list_stores`: a store's name. */
 typedef int32_t (*sb_name_sink)(void *context, const char *store_name);
+
+/* The callback of `watch_changes`: the name of a store that may have new commits and, when the notice says it,
+ * the store's position after the change (NULL: not known), so that a host already there (its own commit) does
+ * nothing; or a NULL name for "any store may have changed" (after the engine lost and remade its watch, when
+ * notices may have been missed). */
+typedef int32_t (*sb_change_sink)(void *context, const char *store_name, const sb_position *position);
 
 /* A watch on every store of a shared engine: opaque, owned by the engine from `watch_open` until `watch_close`. */
 typedef struct sb_watch sb_watch;
@@ -269,11 +274,12 @@ struct storebroker_engine {
     int32_t (*watch_open)(const storebroker_engine *engine, const sb_option *options, size_t option_count,
                           sb_watch **out_watch, int *out_fd, sb_error *error);
 
-    /* Never blocks: calls `sink` with each store named by the notices that arrived since the last call, then
+    /* Never blocks: calls `sink` with each store named by the notices that arrived since the last call (and its
+     * position after the change, when known), then
      * sets `*out_fd` (the descriptor can change when the engine remakes its watch; -1: call again after a
      * short wait). On a lost connection it tries once to remake it: on success it calls `sink` with NULL
      * (notices may have been missed) and returns SB_OK; on failure it returns the error and `*out_fd` is -1. */
-    int32_t (*watch_changes)(sb_watch *watch, sb_name_sink sink, void *context, int *out_fd, sb_error *error);
+    int32_t (*watch_changes)(sb_watch *watch, sb_change_sink sink, void *context, int *out_fd, sb_error *error);
 
     /* Ends the watch; `watch` is not used again. */
     void (*watch_close)(sb_watch *watch);

@@ -90,7 +90,8 @@ final class PostgresEngine: SharedEngineDefinition {
                 try session.run("DELETE FROM \(tables.items) WHERE store = $1", [.text(store)])
                 try session.run("DELETE FROM \(tables.commits) WHERE store = $1", [.text(store)])
                 try session.run("DELETE FROM \(tables.stores) WHERE name = $1", [.text(store)])
-                try session.run("SELECT pg_notify($1, $2)", [.text(tables.channel), .text(store)])
+                try session.run(
+                    "SELECT pg_notify($1, $2)", [.text(tables.channel), .text(Notice.payload(epoch: 0, sequence: 0, store: store))])
             }
         }
     }
@@ -124,6 +125,9 @@ struct Tables {
     var items: String { "\"\(schema)\".items" }
     var meta: String { "\"\(schema)\".meta" }
     var commits: String { "\"\(schema)\".commits" }
+    /// `advance(store, check, epoch, sequence, new epoch, new sequence, reserve)`: the first statement of every
+    /// commit (see `create`).
+    var advance: String { "\"\(schema)\".advance" }
     /// The notification channel commits and drops are announced on (the payload: the store's name).
     var channel: String { "storebroker.\(schema)" }
 
@@ -155,6 +159,31 @@ struct Tables {
                     PRIMARY KEY (store, key)
                 );
                 CREATE INDEX IF NOT EXISTS items_order ON \(items) (store, position);
+                -- The first statement of a commit: makes the store's row if missing, locks it, compares its
+                -- position with the expected one (when asked: apply_at) and fails with SQLSTATE SB409 on
+                -- another, then records the new position and reserves positions for new keys. Returns the first
+                -- reserved position. (One function, so that a commit is one pipeline: nothing waits for its
+                -- answer before the next statement is sent.)
+                CREATE OR REPLACE FUNCTION \(advance)(
+                    p_store text, p_check boolean, p_epoch bigint, p_sequence bigint, p_new_epoch bigint,
+                    p_new_sequence bigint, p_reserve bigint) RETURNS bigint LANGUAGE plpgsql AS $body$
+                DECLARE
+                    found_epoch bigint;
+                    found_sequence bigint;
+                    base bigint;
+                BEGIN
+                    INSERT INTO \(stores) (name) VALUES (p_store) ON CONFLICT (name) DO NOTHING;
+                    SELECT epoch, sequence, next_position INTO found_epoch, found_sequence, base
+                        FROM \(stores) WHERE name = p_store FOR UPDATE;
+                    IF p_check AND (found_epoch <> p_epoch OR found_sequence <> p_sequence) THEN
+                        RAISE EXCEPTION 'store % is at epoch % sequence %; the commit expected epoch % sequence %',
+                            p_store, found_epoch, found_sequence, p_epoch, p_sequence USING ERRCODE = 'SB409';
+                    END IF;
+                    UPDATE \(stores) SET epoch = coalesce(p_new_epoch, epoch), sequence = p_new_sequence,
+                        next_position = base + p_reserve WHERE name = p_store;
+                    RETURN base;
+                END
+                $body$;
                 CREATE TABLE IF NOT EXISTS \(commits) (
                     store text NOT NULL,
                     epoch bigint NOT NULL,

@@ -39,15 +39,12 @@ final class PostgresStore: SharedEngineStoreImplementation {
     func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence: UInt64) throws(EngineError) {
         try check(steps)
         try shared.use { (session, tables) throws(EngineError) in
-            try committing(session, tables, expect: { (session) throws(EngineError) in
+            let (writes, reserve) = statements(steps, tables)
+            let advance = Statement(
+                "SELECT \(tables.advance)($1, false, 0, 0, NULL, $2, $3)", [.text(name), .int8(sequence), .int8(reserve)])
+            try committing(session, tables, [advance] + writes, expect: { (session) throws(EngineError) in
                 try self.position(session, tables).sequence == sequence
-            }) { () throws(EngineError) in
-                let stored = try lockRow(session, tables)
-                let next = try write(steps, from: stored.next, session, tables)
-                try session.run(
-                    "UPDATE \(tables.stores) SET sequence = $2, next_position = $3 WHERE name = $1",
-                    [.text(name), .int8(sequence), .int8(next)])
-            }
+            })
         }
     }
 
@@ -60,9 +57,44 @@ final class PostgresStore: SharedEngineStoreImplementation {
             throw EngineError.invalid("apply_at with epoch \(epoch) at a position of epoch \(expected.epoch)")
         }
         try shared.use { (session, tables) throws(EngineError) in
+            // The position is compared, and the row locked, by the first statement: on another position it
+            // fails with SQLSTATE SB409 (conflict) and the rest of the pipeline is skipped.
+            let (writes, reserve) = statements(steps, tables)
+            var all = [
+                Statement(
+                    "SELECT \(tables.advance)($1, true, $2, $3, $4, $5, $6)",
+                    [.text(name), .int8(expected.epoch), .int8(expected.sequence), .int8(epoch), .int8(last.sequence), .int8(reserve)])
+            ]
+            if expected.epoch == 0 {
+                all.append(Statement("DELETE FROM \(tables.commits) WHERE store = $1", [.text(name)]))
+            }
+            all += writes
+            var sequences = BinaryArray(of: OID.int8), records = BinaryArray(of: OID.bytea)
+            for commit in commits {
+                sequences.append(commit.sequence)
+                records.append(commit.record)
+            }
+            all.append(
+                Statement(
+                    "INSERT INTO \(tables.commits) (store, epoch, sequence, record) SELECT $1, $2, s, r FROM unnest($3::int8[], $4::bytea[]) AS t (s, r)",
+                    [.text(name), .int8(epoch), sequences.parameter, records.parameter]))
+            if last.sequence > logCommits {
+                // Only the commits this one pushes out of the window: a range from where the last trim ended,
+                // so that no statement walks the index entries of rows deleted before (until a vacuum, a
+                // `sequence <= N` scan visits every one: commits slowed down as the log turned over).
+                all.append(
+                    Statement(
+                        "DELETE FROM \(tables.commits) WHERE store = $1 AND sequence > $2 AND sequence <= $3",
+                        [.text(name), .int8(expected.sequence > logCommits ? expected.sequence - logCommits : 0),
+                         .int8(last.sequence - logCommits)]))
+            }
+            all.append(
+                Statement(
+                    "SELECT pg_notify($1, $2)",
+                    [.text(tables.channel), .text(Notice.payload(epoch: epoch, sequence: last.sequence, store: name))]))
             // Ours if the log holds our record at our last sequence (another broker's commit of that sequence
             // has another record; one with the same bytes made the same change).
-            try committing(session, tables, expect: { (session) throws(EngineError) in
+            try committing(session, tables, all, expect: { (session) throws(EngineError) in
                 let row = try session.run(
                     "SELECT record FROM \(tables.commits) WHERE store = $1 AND epoch = $2 AND sequence = $3",
                     [.text(name), .int8(epoch), .int8(last.sequence)])
@@ -70,35 +102,7 @@ final class PostgresStore: SharedEngineStoreImplementation {
                 let stored = row.bytes(0, 0)
                 return stored.length == last.record.length
                     && (stored.length == 0 || memcmp(stored.data!, last.record.data!, stored.length) == 0)
-            }) { () throws(EngineError) in
-                let stored = try lockRow(session, tables)
-                guard stored.position.epoch == expected.epoch, stored.position.sequence == expected.sequence else {
-                    throw EngineError(
-                        Int32(SB_ERR_CONFLICT),
-                        "store \(name) is at epoch \(stored.position.epoch) sequence \(stored.position.sequence); the commit expected epoch \(expected.epoch) sequence \(expected.sequence)")
-                }
-                if expected.epoch == 0 {
-                    try session.run("DELETE FROM \(tables.commits) WHERE store = $1", [.text(name)])
-                }
-                let next = try write(steps, from: stored.next, session, tables)
-                try session.run(
-                    "UPDATE \(tables.stores) SET epoch = $2, sequence = $3, next_position = $4 WHERE name = $1",
-                    [.text(name), .int8(epoch), .int8(last.sequence), .int8(next)])
-                var sequences = BinaryArray(of: OID.int8), records = BinaryArray(of: OID.bytea)
-                for commit in commits {
-                    sequences.append(commit.sequence)
-                    records.append(commit.record)
-                }
-                try session.run(
-                    "INSERT INTO \(tables.commits) (store, epoch, sequence, record) SELECT $1, $2, s, r FROM unnest($3::int8[], $4::bytea[]) AS t (s, r)",
-                    [.text(name), .int8(epoch), sequences.parameter, records.parameter])
-                if last.sequence > logCommits {
-                    try session.run(
-                        "DELETE FROM \(tables.commits) WHERE store = $1 AND sequence <= $2",
-                        [.text(name), .int8(last.sequence - logCommits)])
-                }
-                try session.run("SELECT pg_notify($1, $2)", [.text(tables.channel), .text(name)])
-            }
+            })
         }
     }
 
@@ -139,27 +143,30 @@ final class PostgresStore: SharedEngineStoreImplementation {
         }
     }
 
-    /// Runs a commit's transaction. A COMMIT whose answer was lost with the connection may have committed: what
-    /// it wrote in the same transaction says which, read on a new connection (`committed`). A failure before the
-    /// COMMIT never committed.
+    /// Runs a commit's statements in one transaction, sent as one pipeline (one round trip to the server and
+    /// back, the COMMIT's wait for the disk included). A COMMIT whose answer was lost with the connection may
+    /// have committed: what it wrote says which, read on a new connection (`committed`). One that did not
+    /// commit, on a connection found cut (a server restart), is sent once more on a new one.
     private func committing(
-        _ session: Session, _ tables: Tables, expect committed: (Session) throws(EngineError) -> Bool,
-        _ body: () throws(EngineError) -> Void
+        _ session: Session, _ tables: Tables, _ statements: [Statement], expect committed: (Session) throws(EngineError) -> Bool
     ) throws(EngineError) {
-        do throws(EngineError) {
-            try session.transaction("BEGIN", body)
-        } catch {
-            guard session.commitInDoubt, !session.isConnected, (try? session.ensureConnected()) != nil,
-                (try? committed(session)) == true
-            else { throw error }
+        for attempt in 0..<2 {
+            do throws(EngineError) {
+                return try session.pipeline([Statement("BEGIN")] + statements + [Statement("COMMIT")])
+            } catch {
+                session.rollBack()
+                guard !session.isConnected, (try? session.ensureConnected()) != nil else { throw error }
+                if (try? committed(session)) == true { return }
+                if attempt == 1 { throw error }
+            }
         }
     }
 
-    /// Writes the steps, run by run (puts, removes, a removeAll): the next free position after them.
-    private func write(
-        _ steps: UnsafeBufferPointer<sb_step>, from first: UInt64, _ session: Session, _ tables: Tables
-    ) throws(EngineError) -> UInt64 {
-        var next = first
+    /// The statements that write `steps`, run by run (puts, removes, a removeAll), and how many positions the
+    /// puts may take: `advance` reserves them, and each run of puts takes its part of them.
+    private func statements(_ steps: UnsafeBufferPointer<sb_step>, _ tables: Tables) -> ([Statement], UInt64) {
+        var statements: [Statement] = []
+        var reserved: UInt64 = 0
         var start = 0
         while start < steps.count {
             let kind = Int(steps[start].kind)
@@ -173,35 +180,29 @@ final class PostgresStore: SharedEngineStoreImplementation {
             }
             let run = UnsafeBufferPointer(rebasing: steps[start..<end])
             switch kind {
-            case SB_STEP_PUT: next = try put(run, from: next, session, tables)
-            case SB_STEP_REMOVE: try remove(run, session, tables)
-            default: try session.run("DELETE FROM \(tables.items) WHERE store = $1", [.text(name)])
+            case SB_STEP_PUT:
+                let (statement, keys) = put(run, offset: reserved, tables)
+                statements.append(statement)
+                reserved += keys
+            case SB_STEP_REMOVE:
+                var keys = BinaryArray(of: OID.bytea)
+                for step in run { keys.append(step.key) }
+                statements.append(
+                    Statement("DELETE FROM \(tables.items) WHERE store = $1 AND key = ANY ($2::bytea[])", [.text(name), keys.parameter]))
+            default:
+                statements.append(Statement("DELETE FROM \(tables.items) WHERE store = $1", [.text(name)]))
             }
             start = end
         }
-        return next
-    }
-
-    /// Locks the store's row for the transaction (creating it if the store was dropped meanwhile): its position
-    /// and the next free position.
-    private func lockRow(_ session: Session, _ tables: Tables) throws(EngineError) -> (position: sb_position, next: UInt64) {
-        let select = "SELECT epoch, sequence, next_position FROM \(tables.stores) WHERE name = $1 FOR UPDATE"
-        var row = try session.run(select, [.text(name)])
-        if row.rows == 0 {
-            // Another broker may make the row at the same moment: whoever is second waits for the first's
-            // transaction and then finds its row.
-            try session.run("INSERT INTO \(tables.stores) (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [.text(name)])
-            row = try session.run(select, [.text(name)])
-        }
-        guard row.rows == 1 else { throw EngineError(Int32(SB_ERR_INTERNAL), "store \(name) has no row after its insert") }
-        return (sb_position(epoch: row.uint64(0, 0), sequence: row.uint64(0, 1)), row.uint64(0, 2))
+        // The reservation is the statements' last parameter where they need it: known only now.
+        return (statements.map { $0.reserving(reserved) }, reserved)
     }
 
     /// A run of puts as one statement: each key once, at the place of its first put, with its last put's bytes
-    /// (a statement may not touch a row twice). New keys take positions from `next`; existing keys keep theirs.
-    private func put(
-        _ run: UnsafeBufferPointer<sb_step>, from next: UInt64, _ session: Session, _ tables: Tables
-    ) throws(EngineError) -> UInt64 {
+    /// (a statement may not touch a row twice). New keys take the positions `offset` on in the apply's
+    /// reservation (`advance` moved `next_position` past it, so the reservation starts at `next_position` minus
+    /// its size); existing keys keep theirs. Returns the statement and how many positions it may take.
+    private func put(_ run: UnsafeBufferPointer<sb_step>, offset: UInt64, _ tables: Tables) -> (Statement, UInt64) {
         var order: [Int] = []
         var last: [[UInt8]: Int] = [:]
         for (index, step) in run.enumerated() {
@@ -217,22 +218,17 @@ final class PostgresStore: SharedEngineStoreImplementation {
             created.append(step.created_at)
             updated.append(step.updated_at)
         }
-        try session.run(
+        let statement = Statement(
             """
             INSERT INTO \(tables.items) (store, key, payload, created_at, updated_at, position)
-            SELECT $1, k, p, c, u, $6 + o - 1
+            SELECT $1, k, p, c, u, (SELECT next_position FROM \(tables.stores) WHERE name = $1) - $7 + $6 + o - 1
             FROM unnest($2::bytea[], $3::bytea[], $4::int8[], $5::int8[]) WITH ORDINALITY AS t (k, p, c, u, o)
             ON CONFLICT (store, key) DO UPDATE
                 SET payload = excluded.payload, created_at = excluded.created_at, updated_at = excluded.updated_at
             """,
-            [.text(name), keys.parameter, payloads.parameter, created.parameter, updated.parameter, .int8(next)])
-        return next + UInt64(order.count)
-    }
-
-    private func remove(_ run: UnsafeBufferPointer<sb_step>, _ session: Session, _ tables: Tables) throws(EngineError) {
-        var keys = BinaryArray(of: OID.bytea)
-        for step in run { keys.append(step.key) }
-        try session.run("DELETE FROM \(tables.items) WHERE store = $1 AND key = ANY ($2::bytea[])", [.text(name), keys.parameter])
+            [.text(name), keys.parameter, payloads.parameter, created.parameter, updated.parameter, .int8(offset)],
+            needsReservation: true)
+        return (statement, UInt64(order.count))
     }
 
     /// Every item in order, read through a cursor in one snapshot, a thousand rows per round trip.

@@ -73,6 +73,26 @@ struct BinaryArray {
     }
 }
 
+/// One statement of a pipeline, with its parameters.
+struct Statement {
+    var sql: String
+    var parameters: [Parameter]
+    /// The statement's last parameter is the apply's reservation of positions, known once every statement is
+    /// built (`reserving`).
+    var needsReservation = false
+
+    init(_ sql: String, _ parameters: [Parameter] = [], needsReservation: Bool = false) {
+        self.sql = sql
+        self.parameters = parameters
+        self.needsReservation = needsReservation
+    }
+
+    func reserving(_ count: UInt64) -> Statement {
+        guard needsReservation else { return self }
+        return Statement(sql, parameters + [.int8(count)])
+    }
+}
+
 /// A result, cleared when released.
 final class QueryResult {
     let handle: OpaquePointer
@@ -152,23 +172,42 @@ final class Session {
     /// Runs SQL with no parameters, through the simple protocol (several statements allowed).
     @discardableResult
     func execute(_ sql: String) throws(EngineError) -> QueryResult {
-        try check(PQexec(connection, sql), sql)
+        try check(PQexec(connection, sql), sql)!
+    }
+
+    /// The name of `sql`'s prepared statement on this connection, prepared now if it is new.
+    private func prepare(_ sql: String, _ parameters: [Parameter]) throws(EngineError) -> String {
+        if let known = prepared[sql] { return known }
+        let name = "sb\(prepared.count)"
+        let types = parameters.map(\.type)
+        _ = try check(PQprepare(connection, name, sql, Int32(types.count), types), sql)!
+        prepared[sql] = name
+        return name
     }
 
     /// Runs one statement, prepared on first use, with binary parameters and binary results.
     @discardableResult
     func run(_ sql: String, _ parameters: [Parameter] = []) throws(EngineError) -> QueryResult {
-        let name: String
-        if let known = prepared[sql] {
-            name = known
-        } else {
-            name = "sb\(prepared.count)"
-            let types = parameters.map(\.type)
-            _ = try check(PQprepare(connection, name, sql, Int32(types.count), types), sql)
-            prepared[sql] = name
+        let name = try prepare(sql, parameters)
+        let result = Self.withValues(parameters) { values, lengths, formats in
+            PQexecPrepared(connection, name, Int32(parameters.count), values, lengths, formats, 1)
         }
-        // One buffer for every parameter's bytes, so that all pointers are valid at once; never empty, so that
-        // an empty value is an empty string, not a NULL pointer (which libpq sends as NULL).
+        return try check(result, sql)!
+    }
+
+    /// Queues a prepared statement in the pipeline; false when it could not be sent.
+    private func queue(_ name: String, _ parameters: [Parameter]) -> Bool {
+        Self.withValues(parameters) { values, lengths, formats in
+            PQsendQueryPrepared(connection, name, Int32(parameters.count), values, lengths, formats, 1) == 1
+        }
+    }
+
+    /// The parameters as libpq takes them (binary): values, lengths and formats, valid during `body`. One buffer
+    /// holds every value, so that all pointers are valid at once; never empty, so that an empty value is an
+    /// empty string, not a NULL pointer (which libpq sends as NULL).
+    private static func withValues<T>(
+        _ parameters: [Parameter], _ body: ([UnsafePointer<CChar>?], [Int32], [Int32]) -> T
+    ) -> T {
         var offsets: [Int] = []
         var all: [UInt8] = []
         all.reserveCapacity(parameters.reduce(1) { $0 + $1.bytes.count })
@@ -179,12 +218,73 @@ final class Session {
         all.append(0)
         let lengths = parameters.map { Int32($0.bytes.count) }
         let formats = [Int32](repeating: 1, count: parameters.count)
-        let result = all.withUnsafeBufferPointer { buffer in
+        return all.withUnsafeBufferPointer { buffer in
             let base = UnsafeRawPointer(buffer.baseAddress!).assumingMemoryBound(to: CChar.self)
-            let values: [UnsafePointer<CChar>?] = offsets.map { base + $0 }
-            return PQexecPrepared(connection, name, Int32(parameters.count), values, lengths, formats, 1)
+            return body(offsets.map { base + $0 }, lengths, formats)
         }
-        return try check(result, sql)
+    }
+
+    /// Runs `statements` as one pipeline: all sent, then one Sync, then every result read; a single round trip
+    /// however many there are. The first failure is thrown; the server skips every statement after it (so a
+    /// transaction the statements began is left aborted: the caller rolls back). A lost connection is thrown
+    /// as such, and leaves `commitInDoubt` set when the statements included a COMMIT.
+    func pipeline(_ statements: [Statement]) throws(EngineError) {
+        commitInDoubt = false
+        var names: [String] = []
+        names.reserveCapacity(statements.count)
+        for statement in statements { names.append(try prepare(statement.sql, statement.parameters)) }
+        guard PQenterPipelineMode(connection) == 1 else {
+            throw EngineError.io("PostgreSQL: cannot enter pipeline mode: \(Self.message(connection))")
+        }
+        defer {
+            if PQexitPipelineMode(connection) != 1 {
+                // Results left (a lost connection mid-read): drop them.
+                while let left = PQgetResult(connection) { PQclear(left) }
+                _ = PQexitPipelineMode(connection)
+            }
+        }
+        var failure: EngineError?
+        for (index, statement) in statements.enumerated() where !queue(names[index], statement.parameters) {
+            failure = EngineError.io("lost the connection to PostgreSQL: \(Self.message(connection))")
+            break
+        }
+        if failure == nil, PQpipelineSync(connection) != 1 {
+            failure = EngineError.io("lost the connection to PostgreSQL: \(Self.message(connection))")
+        }
+        let commits = statements.last?.sql == "COMMIT"
+        if failure == nil {
+            commitInDoubt = commits
+            reading: for statement in statements {
+                while let result = PQgetResult(connection) {
+                    let wrapped = QueryResult(result)
+                    switch PQresultStatus(result) {
+                    case PGRES_COMMAND_OK, PGRES_TUPLES_OK, PGRES_EMPTY_QUERY, PGRES_PIPELINE_ABORTED: continue
+                    case PGRES_PIPELINE_SYNC: break reading
+                    default:
+                        guard failure == nil else { continue }
+                        do throws(EngineError) {
+                            _ = try check(wrapped.handle, statement.sql, keep: true)
+                        } catch {
+                            failure = error
+                            // A server's answer (not a lost connection) before the COMMIT: nothing committed.
+                            if isConnected { commitInDoubt = false }
+                        }
+                    }
+                }
+                if !isConnected { break }
+            }
+            // The Sync's own result ends the pipeline.
+            while isConnected, let result = PQgetResult(connection) {
+                let status = PQresultStatus(result)
+                PQclear(result)
+                if status == PGRES_PIPELINE_SYNC { break }
+            }
+            if failure == nil, isConnected { commitInDoubt = false }
+        }
+        if !isConnected, failure == nil || !(failure!.message.hasPrefix("lost the connection")) {
+            failure = EngineError.io("lost the connection to PostgreSQL: \(Self.message(connection))")
+        }
+        if let failure { throw failure }
     }
 
     /// Hands `row` every row of a query, read through a cursor (`batch` rows per round trip), inside the current
@@ -227,14 +327,16 @@ final class Session {
         if let result = PQexec(connection, "ROLLBACK") { PQclear(result) }
     }
 
-    /// The result if it succeeded; else the failure, as an ABI code and a message.
-    private func check(_ result: OpaquePointer?, _ sql: String) throws(EngineError) -> QueryResult {
+    /// The result if it succeeded; else the failure, as an ABI code and a message. `keep`: the caller owns (and
+    /// clears) the result.
+    private func check(_ result: OpaquePointer?, _ sql: String, keep: Bool = false) throws(EngineError) -> QueryResult? {
         guard let result else { throw EngineError.io("PostgreSQL: \(Self.message(connection))") }
-        let wrapped = QueryResult(result)
+        let wrapped: QueryResult? = keep ? nil : QueryResult(result)
         switch PQresultStatus(result) {
         case PGRES_COMMAND_OK, PGRES_TUPLES_OK, PGRES_EMPTY_QUERY: return wrapped
         default: break
         }
+        withExtendedLifetime(wrapped) {}
         let state = PQresultErrorField(result, clibpq_diag_sqlstate()).map { String(cString: $0) } ?? ""
         let primary = PQresultErrorField(result, clibpq_diag_message_primary()).map { String(cString: $0) }
         let message = primary ?? Self.message(connection)
@@ -249,6 +351,7 @@ final class Session {
     /// resources) `io`.
     static func code(sqlState state: String) -> Int32 {
         switch state {
+        case "SB409": Int32(SB_ERR_CONFLICT)  // the engine's own: `advance` found another position
         case "53100": Int32(SB_ERR_FULL)
         case "XX001", "XX002": Int32(SB_ERR_CORRUPT)
         case _ where state.hasPrefix("22"): Int32(SB_ERR_INVALID)

@@ -19,9 +19,12 @@ final class Watch: EngineWatchImplementation {
         try session.execute("LISTEN \"\(tables.channel)\"")
     }
 
-    func changes(_ changed: (String?) -> Void) throws(EngineError) -> Int32 {
+    func changes(_ changed: (String?, sb_position?) -> Void) throws(EngineError) -> Int32 {
         do throws(EngineError) {
-            for name in try session.notices() { changed(name) }
+            for payload in try session.notices() {
+                let (name, position) = Notice.parse(payload)
+                changed(name, position)
+            }
             return session.descriptor
         } catch {
             guard !session.isConnected else { throw error }
@@ -29,10 +32,22 @@ final class Watch: EngineWatchImplementation {
             // so every store may have changed.
             try session.ensureConnected()
             try listen()
-            changed(nil)
+            changed(nil, nil)
             return session.descriptor
         }
     }
 
     func close() {}
+}
+
+/// A notice's payload: `EPOCH SEQUENCE NAME`, the store's position after the commit (`0 0` after a drop).
+enum Notice {
+    static func payload(epoch: UInt64, sequence: UInt64, store: String) -> String { "\(epoch) \(sequence) \(store)" }
+
+    /// The store and its position; a payload of another shape is taken as a bare name (position unknown).
+    static func parse(_ payload: String) -> (String, sb_position?) {
+        let parts = payload.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
+        guard parts.count == 3, let epoch = UInt64(parts[0]), let sequence = UInt64(parts[1]) else { return (payload, nil) }
+        return (String(parts[2]), sb_position(epoch: epoch, sequence: sequence))
+    }
 }
