@@ -58,8 +58,33 @@ let persistentEngines = ["sqlite", "disk", "c-example"]
     }
 }
 
-/// The postgres engine's commit log window (`log_commits`): commits_since fails with `gone` past it.
+/// The postgres engine's commit log: read in one statement for a few commits, through a cursor beyond; its
+/// window (`log_commits`), past which commits_since fails with `gone`.
 @Suite struct PostgresCommitLogTests {
+    @Test func manyCommitsAreReadWholeAndInOrder() async throws {
+        let engine = try sharedLoader.load("postgres")
+        try await withPrivatePostgres { server in
+            try await withTemporaryDirectory { directory in
+                let store = try engine.open(directory: directory, store: "long", options: ["conninfo": server.conninfo]) as! LoadedStore
+                defer { store.close() }
+                // 200 commits in 20 applies of 10: past the 64 one statement reads.
+                for apply in UInt64(0)..<20 {
+                    let commits = (1...10).map { (apply * 10 + UInt64($0), Array("record \(apply * 10 + UInt64($0))".utf8)) }
+                    try store.apply(
+                        [.put(record("k\(apply)", "v"))], at: Position(epoch: apply == 0 ? 0 : 4, sequence: apply * 10), epoch: 4,
+                        commits: commits)
+                }
+                for after in [UInt64(0), 63, 64, 150, 199, 200] {
+                    var seen: [(UInt64, [UInt8])] = []
+                    let position = try store.commits(epoch: 4, after: after) { seen.append(($0, Array($1))) }
+                    #expect(position == Position(epoch: 4, sequence: 200))
+                    #expect(seen.map(\.0) == Array((after + 1)..<201), "after \(after)")
+                    #expect(seen.allSatisfy { $0.1 == Array("record \($0.0)".utf8) }, "after \(after)")
+                }
+            }
+        }
+    }
+
     @Test func commitsBeyondTheWindowAreGone() async throws {
         let engine = try sharedLoader.load("postgres")
         try await withPrivatePostgres { server in

@@ -106,32 +106,67 @@ final class PostgresStore: SharedEngineStoreImplementation {
         }
     }
 
+    /// Commits read by the one statement a catch-up usually needs; more are read through a cursor.
+    static let quickCommits = 64
+
     func commits(epoch: UInt64, after: UInt64, emit: (UnsafePointer<sb_commit>) -> Bool) throws(EngineError) -> sb_position {
         try shared.use { (session, tables) throws(EngineError) in
-            try session.transaction(Self.snapshot) { () throws(EngineError) in
-                let position = try self.position(session, tables)
-                guard position.epoch == epoch, position.sequence > after else { return position }
-                var next = after + 1
-                var stopped = false
-                try session.eachRow(
-                    "SELECT sequence, record FROM \(tables.commits) WHERE store = $1 AND epoch = $2 AND sequence > $3 AND sequence <= $4 ORDER BY sequence",
-                    [.text(name), .int8(epoch), .int8(after), .int8(position.sequence)]
-                ) { rows, row in
-                    guard rows.uint64(row, 0) == next else { return false }
-                    var commit = sb_commit(sequence: next, record: rows.bytes(row, 1))
-                    stopped = !emit(&commit)
-                    next += 1
-                    return !stopped
-                }
-                if stopped { throw EngineError.stopped }
-                guard next == position.sequence + 1 else {
-                    throw EngineError(
-                        Int32(SB_ERR_GONE),
-                        "store \(name)'s commit log no longer holds commit \(next) (it keeps the last \(logCommits))")
-                }
-                return position
+            // One statement, so one snapshot and one round trip: the position and the first commits after `after`.
+            let rows = try session.run(
+                """
+                SELECT s.epoch, s.sequence, c.sequence, c.record FROM \(tables.stores) s
+                LEFT JOIN LATERAL (
+                    SELECT sequence, record FROM \(tables.commits)
+                    WHERE store = s.name AND epoch = $2 AND s.epoch = $2 AND sequence > $3 AND sequence <= s.sequence
+                    ORDER BY sequence LIMIT \(Self.quickCommits)
+                ) c ON true
+                WHERE s.name = $1 ORDER BY c.sequence
+                """, [.text(name), .int8(epoch), .int8(after)])
+            guard rows.rows > 0 else { return sb_position(epoch: 0, sequence: 0) }
+            let position = sb_position(epoch: rows.uint64(0, 0), sequence: rows.uint64(0, 1))
+            guard position.epoch == epoch, position.sequence > after else { return position }
+            var next = after + 1
+            for row in 0..<rows.rows where !rows.isNull(row, 2) {
+                guard rows.uint64(row, 2) == next else { break }
+                var commit = sb_commit(sequence: next, record: rows.bytes(row, 3))
+                guard emit(&commit) else { throw EngineError.stopped }
+                next += 1
             }
+            if next == position.sequence + 1 { return position }
+            guard next - after - 1 == UInt64(Self.quickCommits) else { throw gone(next) }
+            // More than one statement's worth: the rest through a cursor (a later snapshot; logged commits never
+            // change, so the two reads join up).
+            return try commitsThroughCursor(session, tables, epoch: epoch, after: next - 1, emit: emit)
         }
+    }
+
+    private func commitsThroughCursor(
+        _ session: Session, _ tables: Tables, epoch: UInt64, after: UInt64, emit: (UnsafePointer<sb_commit>) -> Bool
+    ) throws(EngineError) -> sb_position {
+        try session.transaction(Self.snapshot) { () throws(EngineError) in
+            let position = try self.position(session, tables)
+            guard position.epoch == epoch, position.sequence > after else { return position }
+            var next = after + 1
+            var stopped = false
+            try session.eachRow(
+                "SELECT sequence, record FROM \(tables.commits) WHERE store = $1 AND epoch = $2 AND sequence > $3 AND sequence <= $4 ORDER BY sequence",
+                [.text(name), .int8(epoch), .int8(after), .int8(position.sequence)]
+            ) { rows, row in
+                guard rows.uint64(row, 0) == next else { return false }
+                var commit = sb_commit(sequence: next, record: rows.bytes(row, 1))
+                stopped = !emit(&commit)
+                next += 1
+                return !stopped
+            }
+            if stopped { throw EngineError.stopped }
+            guard next == position.sequence + 1 else { throw gone(next) }
+            return position
+        }
+    }
+
+    private func gone(_ missing: UInt64) -> EngineError {
+        EngineError(
+            Int32(SB_ERR_GONE), "store \(name)'s commit log no longer holds commit \(missing) (it keeps the last \(logCommits))")
     }
 
     /// Refuses, before anything is sent, what an apply may not hold: a refused apply leaves nothing behind.

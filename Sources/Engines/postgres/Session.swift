@@ -108,6 +108,8 @@ final class QueryResult {
         return sb_bytes(data: length > 0 ? data : nil, length: length)
     }
 
+    func isNull(_ row: Int, _ column: Int) -> Bool { PQgetisnull(handle, Int32(row), Int32(column)) == 1 }
+
     /// A binary int8 column.
     func uint64(_ row: Int, _ column: Int) -> UInt64 {
         let value = bytes(row, column)
