@@ -393,12 +393,7 @@ class Bench:
         for synchronous, fsync in [("FULL", "always"), ("NORMAL", "everysec")]:
             for label, shape in [("1 client", ["-c", "1", "-n", str(single)]), ("50 clients", ["-c", "50", "-n", str(many)])]:
                 def ours(shape=shape, synchronous=synchronous):
-                    broker = Broker(self.work, self.bin, engine="sqlite", options=[f"sqlite.synchronous={synchronous}"])
-                    try:
-                        row = self.ours(broker.socket, "-t", "insert", "-d", "200", "-r", "1000000", *shape)["insert"]
-                        return {"rps": row["rps"], "p50": row["p50"]}
-                    finally:
-                        broker.stop()
+                    return self.broker_inserts("sqlite", [f"sqlite.synchronous={synchronous}"], shape)
 
                 def theirs(shape=shape, fsync=fsync):
                     redis = Redis(self.work, "--appendonly", "yes", "--appendfsync", fsync)
@@ -413,6 +408,15 @@ class Bench:
                 if label == "1 client":
                     metrics.append((f"durable insert, sqlite {synchronous}, 1 client: p50", "p50", "µs", "lower", counterpart))
                 self.pair(f"durable {synchronous} {label}", ours, theirs, metrics)
+
+    def broker_inserts(self, engine, options, shape):
+        """Inserts of 200 bytes (random ids) into a fresh broker on `engine`: requests/s and p50."""
+        broker = Broker(self.work, self.bin, engine=engine, options=options)
+        try:
+            row = self.ours(broker.socket, "-t", "insert", "-d", "200", "-r", "1000000", *shape)["insert"]
+            return {"rps": row["rps"], "p50": row["p50"]}
+        finally:
+            broker.stop()
 
     def library(self):
         # Paired rounds on one daemon: the load generator, then each shape of the library, 1,000 sequential
@@ -633,20 +637,10 @@ class Bench:
             for label, shape in [("1 client", ["-c", "1", "-n", str(self.n(2_000, 500))]),
                                  ("50 clients", ["-c", "50", "-n", str(self.n(20_000, 5_000))])]:
                 def ours(shape=shape):
-                    broker = Broker(self.work, self.bin, engine="postgres", options=[f"postgres.conninfo={server.conninfo}"])
-                    try:
-                        row = self.ours(broker.socket, "-t", "insert", "-d", "200", "-r", "1000000", *shape)["insert"]
-                        return {"rps": row["rps"], "p50": row["p50"]}
-                    finally:
-                        broker.stop()
+                    return self.broker_inserts("postgres", [f"postgres.conninfo={server.conninfo}"], shape)
 
                 def theirs(shape=shape):
-                    broker = Broker(self.work, self.bin, engine="sqlite", options=["sqlite.synchronous=FULL"])
-                    try:
-                        row = self.ours(broker.socket, "-t", "insert", "-d", "200", "-r", "1000000", *shape)["insert"]
-                        return {"rps": row["rps"], "p50": row["p50"]}
-                    finally:
-                        broker.stop()
+                    return self.broker_inserts("sqlite", ["sqlite.synchronous=FULL"], shape)
 
                 metrics = [(f"durable insert through postgres, {label}: requests/s", "rps", "/s", "higher",
                             "the sqlite engine, FULL")]

@@ -112,6 +112,22 @@ struct EnginePlace: Sendable {
         return manifest
     }
 
+    /// The place's store as a shared one, for reading other brokers' commits: `current` when open, else opened
+    /// now and handed to `keep`; nil when `engine` does not share its stores.
+    func sharedStore(
+        _ engine: any StorageEngine, current: (any EngineStore)?, keep: (any EngineStore) -> Void
+    ) throws(BrokerError) -> (any SharedEngineStore)? {
+        guard Self.isShared(engine) else { return nil }
+        let store: any EngineStore
+        if let current {
+            store = current
+        } else {
+            store = try open(engine)
+            keep(store)
+        }
+        return store as? any SharedEngineStore
+    }
+
     /// Removes the place here (not the engine's data): a shared store another broker dropped.
     func forget() throws(BrokerError) {
         guard try environment.directory.manifest(place) != nil else { return }

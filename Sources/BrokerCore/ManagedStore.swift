@@ -925,16 +925,7 @@ final class ManagedStore: Sendable {
             state.withLock { $0.phase = .unloaded }
             return write.reply(.failure(error))
         }
-        let (subscribers, removed) = state.withLock { state in
-            let removed = !environment.observers.isEmpty && state.contents.count > 0 ? state.contents.ids : []
-            state.contents = StoreContents()
-            state.epoch = 0
-            state.sequence = 0
-            state.manifest = nil
-            state.engine = nil
-            state.history = EventHistory()
-            return (Array(state.subscribers.values), removed)
-        }
+        let (subscribers, removed) = emptied(forgettingEngine: true)
         // Observers hear of a drop as a remove of every id the store held, at sequence 0.
         let dropped = Position(epoch: info.epoch, sequence: info.sequence)
         broadcast(
@@ -947,24 +938,58 @@ final class ManagedStore: Sendable {
     // MARK: Shared stores
 
     /// A shared store's watcher says another broker may have committed: the writer catches up, before its next
-    /// group. A store not loaded yet starts empty, at no position, and catches up from the first commit the log
-    /// holds, so that its subscribers and observers (D-Bus) see every commit from then on (the whole store, if
-    /// the log no longer reaches back).
+    /// group. A store not loaded yet is loaded by replaying its commits from the first the log holds, so that
+    /// this broker's observers (D-Bus) hear of every commit from then on (`loadByReplay`).
     func follow() {
-        let start = state.withLock { state -> Bool in
-            guard !state.retired, !state.stopping else { return false }
-            state.catchUpWanted = true
-            state.catchUpFailed = false
+        enum Next { case nothing, write, replay }
+        let next = state.withLock { state -> Next in
+            guard !state.retired, !state.stopping else { return .nothing }
             switch state.phase {
-            case .loading: return false  // the load reads the database as it is then; the writer starts after it
-            case .unloaded: state.phase = .ready
-            case .ready: break
+            case .loading:
+                // The load reads the database as it is then; the writer catches up after it all the same.
+                state.catchUpWanted = true
+                return .nothing
+            case .unloaded:
+                state.phase = .loading
+                return .replay
+            case .ready:
+                state.catchUpWanted = true
+                state.catchUpFailed = false
+                guard !state.writing else { return .nothing }
+                state.writing = true
+                return .write
             }
-            guard !state.writing else { return false }
-            state.writing = true
-            return true
         }
-        if start { environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) } }
+        switch next {
+        case .nothing: break
+        case .write: environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) }
+        case .replay: environment.onWriter { self.loadByReplay() }
+        }
+    }
+
+    /// Loads a store from nothing by taking in its commits from the first (or, when the log no longer reaches
+    /// back, as the database holds it now), then answers what waited for the load. Falls back to a plain load.
+    private func loadByReplay() {
+        var leftovers = Leftovers()
+        do throws(BrokerError) {
+            try catchUp(leaving: &leftovers)
+        } catch {
+            logger.warning("cannot replay the store's commits, loading it instead: \(error.message)")
+            let opened = state.withLock { state in
+                defer { state.engineStore = nil }
+                return state.engineStore
+            }
+            opened?.close()
+            return load()
+        }
+        let waiting = state.withLock { state in
+            state.phase = .ready
+            defer { state.waiting = [] }
+            return state.waiting
+        }
+        for body in waiting { body(nil) }
+        startWriterIfNeeded()
+        withExtendedLifetime(leftovers) {}
     }
 
     /// Whether this store is loaded at `position` (its own commit's notice: nothing to catch up).
@@ -995,18 +1020,9 @@ final class ManagedStore: Sendable {
             let (known, current, info, manifest) = state.withLock { ($0.engine, $0.engineStore, $0.info, $0.manifest) }
             let engine: any StorageEngine
             if let known { engine = known } else { engine = try resolveEngine() }
-            guard EnginePlace.isShared(engine) else { return }
-            let store: any EngineStore
-            if let current {
-                store = current
-            } else {
-                store = try place.open(engine)
-                state.withLock { state in
-                    state.engine = engine
-                    state.engineStore = store
-                }
-            }
-            guard let shared = store as? any SharedEngineStore else { return }
+            guard
+                let shared = try place.sharedStore(engine, current: current, keep: { state.keep($0, of: engine) })
+            else { return }
             var fetched: [Commit] = []
             var unreadable: BrokerError?
             func read(epoch: UInt64, after: UInt64) throws(BrokerError) -> Position {
@@ -1076,15 +1092,9 @@ final class ManagedStore: Sendable {
                 logger.warning("cannot remove the place of a store another broker dropped: \(error.message)")
             }
         }
-        let (subscribers, removed) = state.withLock { state in
-            let removed = !environment.observers.isEmpty && state.contents.count > 0 ? state.contents.ids : []
-            state.contents = StoreContents()
-            state.epoch = 0
-            state.sequence = 0
-            state.manifest = nil
-            state.history = EventHistory()
-            return (Array(state.subscribers.values), removed)
-        }
+        // The engine store stays open: a shared store is named by its name, and its place here is made again
+        // when it is created again.
+        let (subscribers, removed) = emptied(forgettingEngine: false)
         broadcast(
             [(.dropped(Position(epoch: info.epoch, sequence: info.sequence)), Position(epoch: 0, sequence: 0))],
             to: subscribers,
@@ -1113,6 +1123,21 @@ final class ManagedStore: Sendable {
         for subscription in subscribers {
             subscription.offer(.historyGone(position), at: position, force: true)
             subscription.offer(snapshot, at: position, force: true)
+        }
+    }
+
+    /// A dropped store's state: empty, at no position. Returns its subscribers and, when observers want them
+    /// (they hear of a drop as a remove of every id), the ids it held.
+    private func emptied(forgettingEngine: Bool) -> ([Subscription], [ItemID]) {
+        state.withLock { state in
+            let removed = !environment.observers.isEmpty && state.contents.count > 0 ? state.contents.ids : []
+            state.contents = StoreContents()
+            state.epoch = 0
+            state.sequence = 0
+            state.manifest = nil
+            if forgettingEngine { state.engine = nil }
+            state.history = EventHistory()
+            return (Array(state.subscribers.values), removed)
         }
     }
 

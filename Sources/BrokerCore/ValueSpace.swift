@@ -471,18 +471,9 @@ final class ValueSpace: Sendable {
             }
             let engine: any StorageEngine
             if let known { engine = known } else { engine = try environment.engines.engine(named: environment.configuration.defaultEngine) }
-            guard EnginePlace.isShared(engine) else { return }
-            let store: any EngineStore
-            if let current {
-                store = current
-            } else {
-                store = try place.open(engine)
-                state.withLock { state in
-                    state.engine = engine
-                    state.engineStore = store
-                }
-            }
-            guard let shared = store as? any SharedEngineStore else { return }
+            guard
+                let shared = try place.sharedStore(engine, current: current, keep: { state.keep($0, of: engine) })
+            else { return }
             var fetched: [(name: String, entry: Entry, commit: UInt64)] = []
             var unreadable: BrokerError?
             func read(epoch: UInt64, after: UInt64) throws(BrokerError) -> Position {

@@ -23,6 +23,8 @@ protocol WriterState {
     /// Resumed when the writer goes idle.
     var idleWaiters: [CheckedContinuation<Void, Never>] { get set }
     var engineStore: (any EngineStore)? { get set }
+    /// The engine of `engineStore`, once known.
+    var engine: (any StorageEngine)? { get set }
     /// The place's manifest, once it exists.
     var manifest: Manifest? { get set }
     /// The load failed: back to "not loaded", so that the next request tries again.
@@ -56,6 +58,14 @@ extension Locked where Value: WriterState {
         for body in waiting { body(error) }
         for write in writes { write.reply(.failure(error)) }
         for waiter in idle { waiter.resume() }
+    }
+
+    /// Keeps a store opened for the place outside a commit (a shared store read for other brokers' commits).
+    func keep(_ store: any EngineStore, of engine: any StorageEngine) {
+        withLock { state in
+            state.engine = engine
+            state.engineStore = store
+        }
     }
 
     /// At the end of a writer's turn: true when writes are still queued (the writer goes on, as a new job on

@@ -146,20 +146,29 @@ extension sb_step {
     }
 }
 
+/// Reading engines' options.
+public enum EngineOptions {
+    /// The whole number option `key` holds (nil when it is not given), at least `minimum`; otherwise
+    /// `SB_ERR_INVALID` naming the key, what it counts (`unit`) and the value given.
+    public static func wholeNumber<T: FixedWidthInteger>(
+        _ options: [String: String], _ key: String, of unit: String, atLeast minimum: T = 0
+    ) throws(EngineError) -> T? {
+        guard let text = options[key] else { return nil }
+        guard let value = T(text), value >= minimum else {
+            throw EngineError.invalid(
+                "\(key) must be a whole number of \(unit)\(minimum > 0 ? ", at least \(minimum)" : ""), got \(text.debugDescription)")
+        }
+        return value
+    }
+}
+
 /// The test option every engine accepts: `fail_after_steps=N` makes `apply` fail after N steps.
 public struct FailureInjection: Sendable {
     public static let optionKey = "fail_after_steps"
     public let afterSteps: Int?
 
     public init(options: [String: String]) throws(EngineError) {
-        guard let text = options[Self.optionKey] else {
-            afterSteps = nil
-            return
-        }
-        guard let value = Int(text), value >= 0 else {
-            throw EngineError.invalid("\(Self.optionKey) must be a whole number, got \(text.debugDescription)")
-        }
-        afterSteps = value
+        afterSteps = try EngineOptions.wholeNumber(options, Self.optionKey, of: "steps")
     }
 
     /// Throws SB_ERR_INJECTED when step `index` (0-based) is the one to fail at.

@@ -40,11 +40,7 @@ final class DiskEngine: EngineDefinition {
 
     /// `checkpoint_every`, checked.
     private func checkpointEvery(_ options: [String: String]) throws(EngineError) -> Int {
-        let text = options["checkpoint_every", default: "16"]
-        guard let every = Int(text), every > 0 else {
-            throw EngineError.invalid("checkpoint_every must be a positive whole number, got \(text.debugDescription)")
-        }
-        return every
+        try EngineOptions.wholeNumber(options, "checkpoint_every", of: "applies", atLeast: 1) ?? 16
     }
 
     func checkOptions(_ options: [String: String]) throws(EngineError) {

@@ -52,12 +52,7 @@ final class PostgresEngine: SharedEngineDefinition {
                 }
                 schema = value
             }
-            if let text = options["log_commits"] {
-                guard let value = UInt64(text), value >= 1 else {
-                    throw EngineError.invalid("log_commits must be a whole number of commits, at least 1, got \(text.debugDescription)")
-                }
-                logCommits = value
-            }
+            logCommits = try EngineOptions.wholeNumber(options, "log_commits", of: "commits", atLeast: 1) ?? logCommits
             failure = try FailureInjection(options: options)
         }
     }

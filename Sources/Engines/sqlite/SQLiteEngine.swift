@@ -38,18 +38,8 @@ final class SQLiteEngine: EngineDefinition {
             guard ["OFF", "NORMAL", "FULL", "EXTRA"].contains(synchronous) else {
                 throw EngineError.invalid("synchronous must be OFF, NORMAL, FULL or EXTRA, got \(synchronous.debugDescription)")
             }
-            if let text = options["busy_timeout_ms"] {
-                guard let value = Int32(text), value >= 0 else {
-                    throw EngineError.invalid("busy_timeout_ms must be a whole number of milliseconds, got \(text.debugDescription)")
-                }
-                busyTimeout = value
-            }
-            if let text = options["max_page_count"] {
-                guard let value = Int(text), value >= 1 else {
-                    throw EngineError.invalid("max_page_count must be a whole number of pages, at least 1, got \(text.debugDescription)")
-                }
-                maxPageCount = value
-            }
+            busyTimeout = try EngineOptions.wholeNumber(options, "busy_timeout_ms", of: "milliseconds") ?? busyTimeout
+            maxPageCount = try EngineOptions.wholeNumber(options, "max_page_count", of: "pages", atLeast: 1)
             failure = try FailureInjection(options: options)
         }
     }
