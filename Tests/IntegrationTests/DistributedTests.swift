@@ -264,6 +264,25 @@ extension Integration {
             }
         }
 
+        /// A broker started while the database is down starts all the same, refuses writes with a clear error,
+        /// and serves and follows the shared stores once the database is back, with no restart.
+        @Test func aBrokerStartedWhilePostgresIsDownServesOnceItIsBack() async throws {
+            try await withTwoBrokers { server, a, b in
+                #expect(try await a.storectl(["insert", "notes", #"{"id":"1"}"#]).stdout == "1\n")
+                await b.stop()
+                await server.stop()
+                try await b.start()
+                let refused = try await b.storectl(["insert", "notes", #"{"id":"2"}"#])
+                #expect(refused.status == 74 && refused.stderr.contains("PostgreSQL"), "\(refused.stderr)")
+                try await server.start()
+                let watcher = try await b.watch("notes")
+                #expect(await watcher.waitFor(sequence: 1), "\(watcher.lines)")
+                #expect(try await a.storectl(["insert", "notes", #"{"id":"3"}"#]).stdout == "2\n")
+                #expect(await watcher.waitFor(sequence: 2), "B follows A once its watch is open: \(watcher.lines)\n\(b.log.suffix(2000))")
+                await watcher.stop()
+            }
+        }
+
         /// A commit through A is a D-Bus signal on B's bus, and a drop through A ends B's store too.
         @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/dbus-daemon")))
         func commitsThroughOneBrokerAreSignalsOnTheOthersBus() async throws {
