@@ -111,7 +111,7 @@ class Postgres:
             os.chown(self.directory, user.pw_uid, user.pw_gid)
             prefix = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]
         run(prefix + [os.path.join(bin_dir, "initdb"), "-D", os.path.join(self.directory, "data"), "-A", "trust",
-                      "-U", "postgres", "-E", "UTF8"])
+                      "-U", "postgres", "-E", "UTF8", "--no-locale"])
         self.process = work.spawn(prefix + [os.path.join(bin_dir, "postgres"), "-D", os.path.join(self.directory, "data"),
                                             "-k", self.directory, "-p", "5432", "-c", "listen_addresses="], "postgres.log")
         wait_for_socket(os.path.join(self.directory, ".s.PGSQL.5432"), self.process, "postgres")

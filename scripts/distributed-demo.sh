@@ -24,7 +24,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"${as_postgres[@]}" "$pg/initdb" -D "$work/pgdata" -A trust -U postgres --no-sync -E UTF8 >/dev/null
+"${as_postgres[@]}" "$pg/initdb" -D "$work/pgdata" -A trust -U postgres --no-sync -E UTF8 --no-locale >/dev/null
 "${as_postgres[@]}" "$pg/postgres" -D "$work/pgdata" -k "$work" -p 5432 -c listen_addresses= >"$work/postgres.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 200); do grep -q "ready to accept connections" "$work/postgres.log" && break; sleep 0.05; done

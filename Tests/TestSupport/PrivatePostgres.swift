@@ -26,8 +26,8 @@ public final class PrivatePostgres: @unchecked Sendable {
         public let description: String
     }
 
-    /// Makes the cluster (`initdb`) in `directory` (which must exist and be empty but for what the test puts
-    /// there) and starts the server.
+    /// Makes the cluster (`initdb`, UTF-8 with the C locale, whatever locales the machine has) in `directory`
+    /// (which must exist and be empty but for what the test puts there) and starts the server.
     public init(directory: String, settings: [String: String] = [:]) async throws {
         self.directory = directory
         self.bin = try Self.binaries()
@@ -37,7 +37,7 @@ public final class PrivatePostgres: @unchecked Sendable {
             chown(directory, user.pointee.pw_uid, user.pointee.pw_gid)
         }
         let made = try await runProgram(
-            asServerUser([bin + "/initdb", "-D", directory + "/data", "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"]),
+            asServerUser([bin + "/initdb", "-D", directory + "/data", "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--no-locale"]),
             in: directory)
         guard made.status == 0 else { throw Unavailable(description: "initdb failed (\(made.status)): \(made.stderr.suffix(800))") }
         try await start()
