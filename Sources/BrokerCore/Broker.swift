@@ -153,17 +153,15 @@ public final class Broker: Sendable {
     /// When new stores go to an engine that shares them with other brokers: a watcher that makes this broker
     /// follow every store another broker commits to (docs/DISTRIBUTED.md).
     private func watchSharedStores(logger: Logger) throws(BrokerError) {
-        guard let engine = try? environment.engines.engine(named: configuration.defaultEngine),
-            let shared = engine as? any SharedStorageEngine, shared.sharesStores
-        else { return }
+        guard let shared = environment.sharedDefaultEngine else { return }
         let watcher = try SharedWatcher(
-            engine: shared, options: configuration.engineOptions[engine.name] ?? [:], logger: logger,
+            engine: shared, options: environment.options(shared), logger: logger,
             changed: { [weak self] name, position in self?.sharedStoreChanged(name, at: position) },
             tick: { [weak self] in self?.retryFailedCatchUps() })
         watchers.withLock { $0.append(watcher) }
         values.preload()
         secureValues.preload()
-        logger.info("following the stores engine \(engine.name) shares with other brokers")
+        logger.info("following the stores engine \(shared.name) shares with other brokers")
     }
 
     /// Another broker committed to store `name` (nil: to any store), reaching `position` when the engine says so
@@ -439,10 +437,8 @@ public final class Broker: Sendable {
     /// that this broker has not seen yet (other brokers created them), in name byte order.
     private func storeNames() async throws(BrokerError) -> [String] {
         let names = try environment.directory.storeNames()
-        guard let engine = try? environment.engines.engine(named: configuration.defaultEngine),
-            let shared = engine as? any SharedStorageEngine, shared.sharesStores
-        else { return names }
-        let options = configuration.engineOptions[engine.name] ?? [:]
+        guard let shared = environment.sharedDefaultEngine else { return names }
+        let options = environment.options(shared)
         // A query of the database: on a writer thread, made for blocking calls, not on the task's.
         let listed: Result<[String], BrokerError> = await withCheckedContinuation { continuation in
             environment.onWriter {

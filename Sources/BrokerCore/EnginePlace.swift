@@ -1,5 +1,20 @@
 import StoreModel
 
+extension StoreEnvironment {
+    /// The engine new stores get, when it shares its stores with other brokers (ABI 2.1); nil otherwise.
+    var sharedDefaultEngine: (any SharedStorageEngine)? {
+        guard let engine = try? engines.engine(named: configuration.defaultEngine),
+            let shared = engine as? any SharedStorageEngine, shared.sharesStores
+        else { return nil }
+        return shared
+    }
+
+    /// The options of `engine` (`--engine-option`).
+    func options(_ engine: any StorageEngine) -> [String: String] {
+        configuration.engineOptions[engine.name] ?? [:]
+    }
+}
+
 /// Opening, creating and dropping the engine store behind a place (a store, or a value namespace), with
 /// engine failures mapped to the broker's errors.
 struct EnginePlace: Sendable {
@@ -22,26 +37,14 @@ struct EnginePlace: Sendable {
         (engine as? any SharedStorageEngine)?.sharesStores == true
     }
 
-    /// The engine new stores get, when it shares its stores (a store another broker created may exist there
-    /// with no manifest here yet); nil otherwise.
-    private var sharedDefaultEngine: (any StorageEngine)? {
-        guard let engine = try? environment.engines.engine(named: environment.configuration.defaultEngine),
-            Self.isShared(engine)
-        else { return nil }
-        return engine
-    }
-
-    private func options(_ engine: any StorageEngine) -> [String: String] {
-        environment.configuration.engineOptions[engine.name] ?? [:]
-    }
-
     /// What the place holds, or `nil` when it does not exist: `expect` gets the engine's count of records (to
     /// reserve room), then `visit` every record in order, its bytes borrowed for the call. An engine that cannot
     /// be loaded is an error, never an empty result; so is an engine that opens at sequence 0 where the manifest
     /// records a commit (its files were lost or replaced): the place is then broken, not empty.
     func load(expect: (Int) -> Void = { _ in }, visit: (ScannedRecord) -> Void) throws(BrokerError) -> Loaded? {
         guard var manifest = try environment.directory.manifest(place) else {
-            guard let shared = sharedDefaultEngine else { return nil }
+            // A store another broker created may exist in the shared database with no manifest here yet.
+            guard let shared = environment.sharedDefaultEngine else { return nil }
             return try loadShared(shared, manifest: nil, visit: visit)
         }
         let engine: any StorageEngine
@@ -87,7 +90,7 @@ struct EnginePlace: Sendable {
             let position = try Self.engineCall { () throws(EngineFailure) in try shared.load(visit) }
             guard position.epoch != 0 else {
                 store.close()
-                if manifest != nil { try environment.directory.remove(place) }
+                try forget()
                 return nil
             }
             let adopted = try adopt(engine: engine, existing: manifest, epoch: position.epoch)
@@ -180,7 +183,7 @@ struct EnginePlace: Sendable {
     func open(_ engine: any StorageEngine) throws(BrokerError) -> any EngineStore {
         let directory = place.engineDirectory
         let storeName = storeName
-        let options = options(engine)
+        let options = environment.options(engine)
         return try Self.engineCall { () throws(EngineFailure) in
             try engine.open(directory: directory, store: storeName, options: options)
         }
@@ -190,7 +193,7 @@ struct EnginePlace: Sendable {
     func drop(engine: any StorageEngine) throws(BrokerError) {
         let directory = place.engineDirectory
         let storeName = storeName
-        let options = options(engine)
+        let options = environment.options(engine)
         try Self.engineCall { () throws(EngineFailure) in
             try engine.drop(directory: directory, store: storeName, options: options)
         }

@@ -30,10 +30,7 @@ final class PostgresStore: SharedEngineStoreImplementation {
 
     /// The store's sequence (0 for a store the database does not hold: its row is made by its first apply).
     func openSequence() throws(EngineError) -> UInt64 {
-        try shared.use { (session, tables) throws(EngineError) in
-            let row = try session.run("SELECT sequence FROM \(tables.stores) WHERE name = $1", [.text(name)])
-            return row.rows == 1 ? row.uint64(0, 0) : 0
-        }
+        try shared.use { (session, tables) throws(EngineError) in try position(session, tables).sequence }
     }
 
     func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence: UInt64) throws(EngineError) {
@@ -42,7 +39,7 @@ final class PostgresStore: SharedEngineStoreImplementation {
             let (writes, reserve) = statements(steps, tables)
             let advance = Statement(
                 "SELECT \(tables.advance)($1, false, 0, 0, NULL, $2, $3)", [.text(name), .int8(sequence), .int8(reserve)])
-            try committing(session, tables, [advance] + writes, expect: { (session) throws(EngineError) in
+            try committing(session, [advance] + writes, expect: { (session) throws(EngineError) in
                 try self.position(session, tables).sequence == sequence
             })
         }
@@ -94,7 +91,7 @@ final class PostgresStore: SharedEngineStoreImplementation {
                     [.text(tables.channel), .text(Notice.payload(epoch: epoch, sequence: last.sequence, store: name))]))
             // Ours if the log holds our record at our last sequence (another broker's commit of that sequence
             // has another record; one with the same bytes made the same change).
-            try committing(session, tables, all, expect: { (session) throws(EngineError) in
+            try committing(session, all, expect: { (session) throws(EngineError) in
                 let row = try session.run(
                     "SELECT record FROM \(tables.commits) WHERE store = $1 AND epoch = $2 AND sequence = $3",
                     [.text(name), .int8(epoch), .int8(last.sequence)])
@@ -183,7 +180,7 @@ final class PostgresStore: SharedEngineStoreImplementation {
     /// have committed: what it wrote says which, read on a new connection (`committed`). One that did not
     /// commit, on a connection found cut (a server restart), is sent once more on a new one.
     private func committing(
-        _ session: Session, _ tables: Tables, _ statements: [Statement], expect committed: (Session) throws(EngineError) -> Bool
+        _ session: Session, _ statements: [Statement], expect committed: (Session) throws(EngineError) -> Bool
     ) throws(EngineError) {
         for attempt in 0..<2 {
             do throws(EngineError) {
@@ -238,16 +235,23 @@ final class PostgresStore: SharedEngineStoreImplementation {
     /// reservation (`advance` moved `next_position` past it, so the reservation starts at `next_position` minus
     /// its size); existing keys keep theirs. Returns the statement and how many positions it may take.
     private func put(_ run: UnsafeBufferPointer<sb_step>, offset: UInt64, _ tables: Tables) -> (Statement, UInt64) {
+        // Each key's last put, in the order of the keys' first puts; keys hashed where they lie (no copy).
         var order: [Int] = []
-        var last: [[UInt8]: Int] = [:]
+        var place: [BorrowedKey: Int] = [:]
+        place.reserveCapacity(run.count)
         for (index, step) in run.enumerated() {
-            let key = step.key.bytes
-            if last.updateValue(index, forKey: key) == nil { order.append(index) }
+            let key = BorrowedKey(step.key)
+            if let at = place[key] {
+                order[at] = index
+            } else {
+                place[key] = order.count
+                order.append(index)
+            }
         }
         var keys = BinaryArray(of: OID.bytea), payloads = BinaryArray(of: OID.bytea)
         var created = BinaryArray(of: OID.int8), updated = BinaryArray(of: OID.int8)
-        for first in order {
-            let step = run[last[run[first].key.bytes]!]
+        for index in order {
+            let step = run[index]
             keys.append(step.key)
             payloads.append(step.payload)
             created.append(step.created_at)
@@ -310,5 +314,19 @@ final class PostgresStore: SharedEngineStoreImplementation {
         guard !closed else { return }
         closed = true
         registry.release(shared)
+    }
+}
+
+/// A step's key where the host keeps it (valid for the whole apply), hashed and compared as bytes in place.
+private struct BorrowedKey: Hashable {
+    let bytes: UnsafeRawBufferPointer
+
+    init(_ key: sb_bytes) { bytes = UnsafeRawBufferPointer(start: key.data, count: key.length) }
+
+    func hash(into hasher: inout Hasher) { hasher.combine(bytes: bytes) }
+
+    static func == (lhs: BorrowedKey, rhs: BorrowedKey) -> Bool {
+        lhs.bytes.count == rhs.bytes.count
+            && (lhs.bytes.isEmpty || memcmp(lhs.bytes.baseAddress!, rhs.bytes.baseAddress!, lhs.bytes.count) == 0)
     }
 }

@@ -227,9 +227,10 @@ final class Session {
     }
 
     /// Runs `statements` as one pipeline: all sent, then one Sync, then every result read; a single round trip
-    /// however many there are. The first failure is thrown; the server skips every statement after it (so a
-    /// transaction the statements began is left aborted: the caller rolls back). A lost connection is thrown
-    /// as such, and leaves `commitInDoubt` set when the statements included a COMMIT.
+    /// however many there are. The first failure the server answers is thrown; it skips every statement after it
+    /// (so a transaction the statements began is left aborted: the caller rolls back). A lost connection is
+    /// thrown as such, and leaves `commitInDoubt` set when it was lost after a COMMIT was sent and nothing before
+    /// it had failed.
     func pipeline(_ statements: [Statement]) throws(EngineError) {
         commitInDoubt = false
         var names: [String] = []
@@ -245,48 +246,39 @@ final class Session {
                 _ = PQexitPipelineMode(connection)
             }
         }
-        var failure: EngineError?
-        for (index, statement) in statements.enumerated() where !queue(names[index], statement.parameters) {
-            failure = EngineError.io("lost the connection to PostgreSQL: \(Self.message(connection))")
-            break
-        }
-        if failure == nil, PQpipelineSync(connection) != 1 {
-            failure = EngineError.io("lost the connection to PostgreSQL: \(Self.message(connection))")
-        }
-        let commits = statements.last?.sql == "COMMIT"
-        if failure == nil {
-            commitInDoubt = commits
-            reading: for statement in statements {
+        var sent = statements.indices.allSatisfy { queue(names[$0], statements[$0].parameters) }
+        sent = sent && PQpipelineSync(connection) == 1
+        var refused: EngineError?
+        if sent {
+            // Each statement's results, then NULL; after a refusal, ABORTED for each; then the Sync's result.
+            var synced = false
+            for statement in statements where !synced && isConnected {
                 while let result = PQgetResult(connection) {
                     let wrapped = QueryResult(result)
                     switch PQresultStatus(result) {
                     case PGRES_COMMAND_OK, PGRES_TUPLES_OK, PGRES_EMPTY_QUERY, PGRES_PIPELINE_ABORTED: continue
-                    case PGRES_PIPELINE_SYNC: break reading
+                    case PGRES_PIPELINE_SYNC: synced = true
                     default:
-                        guard failure == nil else { continue }
+                        // Answered by the server (a lost connection ends the reading below).
+                        guard refused == nil, isConnected else { continue }
                         do throws(EngineError) {
                             _ = try check(wrapped.handle, statement.sql, keep: true)
                         } catch {
-                            failure = error
-                            // A server's answer (not a lost connection) before the COMMIT: nothing committed.
-                            if isConnected { commitInDoubt = false }
+                            refused = error
                         }
                     }
                 }
-                if !isConnected { break }
             }
-            // The Sync's own result ends the pipeline.
-            while isConnected, let result = PQgetResult(connection) {
-                let status = PQresultStatus(result)
+            while !synced, isConnected, let result = PQgetResult(connection) {
+                synced = PQresultStatus(result) == PGRES_PIPELINE_SYNC
                 PQclear(result)
-                if status == PGRES_PIPELINE_SYNC { break }
             }
-            if failure == nil, isConnected { commitInDoubt = false }
         }
-        if !isConnected, failure == nil || !(failure!.message.hasPrefix("lost the connection")) {
-            failure = EngineError.io("lost the connection to PostgreSQL: \(Self.message(connection))")
+        guard isConnected else {
+            commitInDoubt = sent && refused == nil && statements.last?.sql == "COMMIT"
+            throw EngineError.io("lost the connection to PostgreSQL: \(Self.message(connection))")
         }
-        if let failure { throw failure }
+        if let refused { throw refused }
     }
 
     /// Hands `row` every row of a query, read through a cursor (`batch` rows per round trip), inside the current
