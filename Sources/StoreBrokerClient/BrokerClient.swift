@@ -39,6 +39,13 @@ public final class BrokerClient: Sendable {
     let eventLoop: any EventLoop
     private let current = Locked<BrokerConnection?>(nil)
 
+    /// The connection if it is open, without suspending: the write path's usual case, which then does not pay
+    /// for an async call (each is a check of the task's executor, two per call).
+    @usableFromInline var openConnection: BrokerConnection? {
+        if let open = current.withLock({ $0 }), open.isOpen { return open }
+        return nil
+    }
+
     /// The client of the default socket, for the property wrappers' defaults (`@StoredValue(key:)`).
     public static let shared = BrokerClient()
 
@@ -62,7 +69,7 @@ public final class BrokerClient: Sendable {
 
     /// The open connection, connecting (again) if needed.
     public func connection() async throws(StoreBrokerError) -> BrokerConnection {
-        if let open = current.withLock({ $0 }), open.isOpen { return open }
+        if let open = openConnection { return open }
         let fresh = try await BrokerConnection.connect(
             socketPath: socketPath, clientName: clientName, handshakeTimeout: connectTimeout, eventLoop: eventLoop)
         let kept = current.withLock { current -> BrokerConnection in

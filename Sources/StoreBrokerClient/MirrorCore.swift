@@ -155,6 +155,8 @@ struct MirrorWaiters {
     /// Every epoch the mirror has been at: a write's epoch that came and went (the store was dropped since)
     /// releases its waiters.
     private var seen: Set<UInt64> = []
+    /// The epoch `advance` put in `seen` last.
+    private var lastSeen: UInt64?
 
     mutating func makeKey() -> UInt64 {
         nextKey += 1
@@ -187,7 +189,11 @@ struct MirrorWaiters {
 
     /// The waiters the mirror's new position releases.
     @usableFromInline mutating func advance(to mirror: (epoch: UInt64, sequence: UInt64)) -> [Continuation] {
-        seen.insert(mirror.epoch)
+        if mirror.epoch != lastSeen {  // an epoch is hashed into `seen` once, not per commit
+            seen.insert(mirror.epoch)
+            lastSeen = mirror.epoch
+        }
+        guard !positions.isEmpty else { return [] }
         var released: [Continuation] = []
         for (key, entry) in positions where isReached(epoch: entry.epoch, sequence: entry.sequence, mirror: mirror) {
             released.append(entry.continuation)
@@ -321,6 +327,7 @@ extension Locked where Value: MirrorState {
 struct MirrorCoding: Sendable {
     private let encoder: JSONEncoder
     private let decoder = JSONDecoder()
+    private let payloads = PayloadJSONEncoder()
 
     init() {
         encoder = JSONEncoder()
@@ -329,7 +336,7 @@ struct MirrorCoding: Sendable {
 
     /// The value's JSON: `PayloadJSON`'s, or `JSONEncoder`'s (the same bytes) where that one leaves it.
     @usableFromInline func encode(_ value: some Encodable) throws -> Payload {
-        if let bytes = PayloadJSON.encode(value) { return Payload(ByteBuffer(bytes: bytes)) }
+        if let bytes = payloads.encode(value) { return Payload(bytes) }
         return Payload(ByteBuffer(bytes: try encoder.encode(value)))
     }
 

@@ -289,6 +289,7 @@ public struct ServerMessageAssembler: Sendable {
         let message = try ServerMessage(frame: frame)
         let key = Key(isPush: message.type.isPush, id: frame.header.id)
         let more = frame.header.flags.contains(.more)
+        if !more, pending.isEmpty { return message }  // a whole message, nothing gathering: no key to hash
         guard var (whole, bytes) = pending.removeValue(forKey: key) else {
             if more { pending[key] = (message, frame.payload.readableBytes) }
             return more ? nil : message

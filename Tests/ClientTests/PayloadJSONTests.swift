@@ -13,19 +13,24 @@ import Wire
         return (try? encoder.encode(value)).map { Array($0) }
     }
 
-    /// The fast writer took `value` and wrote what JSONEncoder writes.
+    /// One encoder for a test's values, its writer kept from each to the next (as a mirror's is).
+    private let kept = PayloadJSONEncoder()
+
+    /// The fast writer took `value` and wrote what JSONEncoder writes, fresh and kept from the values before.
     private func written<T: Encodable>(_ value: T, sourceLocation: Testing.SourceLocation = #_sourceLocation) {
         let mine = PayloadJSON.encode(value)
         #expect(mine != nil, "left to JSONEncoder", sourceLocation: sourceLocation)
         #expect(
             mine.map { String(decoding: $0, as: UTF8.self) } == Self.foundation(value).map { String(decoding: $0, as: UTF8.self) },
             sourceLocation: sourceLocation)
+        #expect(kept.encode(value).map { Array($0.readableBytesView) } == mine, "a kept writer", sourceLocation: sourceLocation)
     }
 
     /// The fast writer left `value` to JSONEncoder, and the mirror's coding writes JSONEncoder's bytes (or throws
     /// as it does).
     private func leftToFoundation<T: Encodable>(_ value: T, sourceLocation: Testing.SourceLocation = #_sourceLocation) {
         #expect(PayloadJSON.encode(value) == nil, sourceLocation: sourceLocation)
+        #expect(kept.encode(value) == nil, sourceLocation: sourceLocation)
         let coded = try? MirrorCoding().encode(value)
         #expect(coded.map { Array($0.bytes.readableBytesView) } == Self.foundation(value), sourceLocation: sourceLocation)
     }
@@ -245,6 +250,28 @@ import Wire
         leftToFoundation(Silent())
         leftToFoundation(Forgiving())
         leftToFoundation([Interleaved()])
+    }
+
+    /// Keeps its container after `encode(to:)` returned and writes to it later: the writer behind it is not
+    /// kept for the next value, whose bytes stay its own.
+    final class Keeper: Encodable, @unchecked Sendable {
+        enum CodingKeys: String, CodingKey { case a }
+        var container: KeyedEncodingContainer<CodingKeys>?
+        func encode(to encoder: any Encoder) throws {
+            container = encoder.container(keyedBy: CodingKeys.self)
+            try container?.encode(1, forKey: .a)
+        }
+    }
+
+    @Test func aWriterAValueStillHoldsIsNotKept() {
+        let keeper = Keeper()
+        written(keeper)
+        written(Inner(zeta: 7, alpha: ["after"]))  // encoded while the keeper holds its container
+        try? keeper.container?.encode(2, forKey: .a)  // a frame no later value has: written nowhere
+        written(Inner(zeta: 8, alpha: []))
+        keeper.container = nil
+        written(Everything())  // its writer kept again from here on
+        written(Inner(zeta: 9, alpha: ["x", "y"]))
     }
 
     /// Through a broker: the payload a RemoteStore writes is JSONEncoder's, as any other process reads it.
