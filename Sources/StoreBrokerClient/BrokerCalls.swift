@@ -45,7 +45,7 @@ extension BrokerConnection {
     public var limits: BrokerLimits { BrokerLimits(welcome) }
 
     /// Sends `request` and takes what `answer` extracts from the reply; any other reply breaks the protocol.
-    private func call<Answer>(
+    private nonisolated(nonsending) func call<Answer>(
         _ request: ClientMessage, _ answer: (ServerMessage) -> Answer?
     ) async throws(StoreBrokerError) -> Answer {
         let reply = try await send(request)
@@ -129,7 +129,7 @@ extension BrokerConnection {
     /// `isQuietChainRefusal` recognizes when the broker does not know `quietChain` (it is then not tried again on
     /// this connection) or the write fits a frame only without its 4 more bytes: send the plain write then.
     @usableFromInline
-    package func write(
+    package nonisolated(nonsending) func write(
         _ store: String, _ steps: [ChainStep], condition: Condition, quietFor subscriptionID: UInt32,
         seen: @escaping @Sendable (Result<CommitResult, StoreBrokerError>) -> Void
     ) async throws(StoreBrokerError) -> CommitResult {

@@ -82,8 +82,9 @@ public final class BrokerClient: Sendable {
     }
 
     /// Sends a request and returns its answer; an `error` answer is thrown as `refused` with its code.
-    package func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
-        try await connection().send(request)
+    package nonisolated(nonsending) func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
+        if let open = openConnection { return try await open.send(request) }
+        return try await connection().send(request)
     }
 
     /// Closes the connection; mirrors built on this client stop following the broker.

@@ -123,7 +123,7 @@ public final class BrokerConnection: Sendable {
 
     /// Sends `request` and returns its answer; an `error` answer is thrown as `refused`. The typed calls
     /// (`BrokerCalls.swift`) are the public way in.
-    package func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
+    package nonisolated(nonsending) func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
         // The caller writes its request itself (or, with a timeout to arm, hops to the event loop), and the answer
         // resumes it straight from the read that brought it: no future, no promise, no wake-up of the loop to send.
         let result = await withUnsafeContinuation { (continuation: Answer) in
@@ -148,7 +148,9 @@ public final class BrokerConnection: Sendable {
     /// `send(_:)`, and `seen` is told of the answer (or of the failure) once, on the connection's event loop as
     /// the answer is read: in order with the pushes read around it, before this returns. A mirror applies its
     /// own write there, where it applies the pushes.
-    package func send(_ request: ClientMessage, seen: @escaping AnswerSeen) async throws(StoreBrokerError) -> ServerMessage {
+    package nonisolated(nonsending) func send(
+        _ request: ClientMessage, seen: @escaping AnswerSeen
+    ) async throws(StoreBrokerError) -> ServerMessage {
         let result = await withUnsafeContinuation { (continuation: Answer) in
             if channel.eventLoop.inEventLoop {
                 handler.value.send(request, continuation, seen: seen)

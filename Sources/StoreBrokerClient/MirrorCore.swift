@@ -270,7 +270,9 @@ extension Locked where Value: MirrorState {
 
     /// Returns once the mirror holds the commit at (epoch, sequence) (any epoch when `epoch` is nil); throws
     /// when the mirror stops or loses the broker first.
-    @inlinable func waitUntilReached(_ what: @autoclosure () -> String, epoch: UInt64?, sequence: UInt64) async throws(StoreBrokerError) {
+    @inlinable nonisolated(nonsending) func waitUntilReached(
+        _ what: @autoclosure () -> String, epoch: UInt64?, sequence: UInt64
+    ) async throws(StoreBrokerError) {
         // Usually already there (a write's answer is resumed after the pushes its read brought): no suspension.
         // The usual case is decided from the mirror's position alone: `waiters`, read through the protocol, is a
         // copy of its three collections (a retain and release of each, per write). Inlined, so that the app's

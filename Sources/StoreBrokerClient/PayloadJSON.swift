@@ -25,16 +25,28 @@ enum PayloadJSON {
 /// same time each get one; a writer is kept again only when nothing else holds it (a container the value kept
 /// after its `encode(to:)` returned would otherwise write into a later encoding).
 final class PayloadJSONEncoder: Sendable {
-    private let kept = Locked<PayloadJSONWriter?>(nil)
+    private struct Kept {
+        var writer: PayloadJSONWriter?
+        var made = 0
+    }
+
+    private let kept = Locked(Kept())
+
+    /// The writers this encoder made (for tests: one, while its encodings do not overlap).
+    var writersMade: Int { kept.withLock { $0.made } }
 
     /// The value's JSON in a buffer of its own, or `nil` where `JSONEncoder` must encode it (see `PayloadJSON`).
     func encode<T: Encodable>(_ value: T) -> ByteBuffer? {
         var writer = kept.withLock { kept in
-            defer { kept = nil }
-            return kept
-        } ?? PayloadJSONWriter()
+            if let writer = kept.writer {
+                kept.writer = nil
+                return writer
+            }
+            kept.made += 1
+            return PayloadJSONWriter()
+        }
         let encoded = writer.encode(value) { ByteBuffer(bytes: $0) }
-        if isKnownUniquelyReferenced(&writer) { kept.withLock { $0 = writer } }
+        if isKnownUniquelyReferenced(&writer) { kept.withLock { $0.writer = writer } }
         return encoded
     }
 }

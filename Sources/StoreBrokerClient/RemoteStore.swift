@@ -590,7 +590,9 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// their order: the mirror takes them as they are, never decoding what it wrote. On the connection the
     /// mirror follows the store on, the write names that subscription (`quietChain`): the broker does not push
     /// the commit back, and the mirror applies the write itself, in sequence order with the other commits.
-    @inlinable func write(_ steps: [ChainStep], values: [Item], expecting: UInt64?) async throws(StoreBrokerError) -> UInt64 {
+    @inlinable nonisolated(nonsending) func write(
+        _ steps: [ChainStep], values: [Item], expecting: UInt64?
+    ) async throws(StoreBrokerError) -> UInt64 {
         guard !steps.isEmpty else { return sequence }
         let condition: Condition = expecting.map { .sequence($0) } ?? .unconditional
         let connection: BrokerConnection
@@ -617,7 +619,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     }
 
     /// The store's sequence after a write, once the mirror shows it (or has stopped, or lost the broker).
-    @inlinable func shown(_ result: CommitResult) async -> UInt64 {
+    @inlinable nonisolated(nonsending) func shown(_ result: CommitResult) async -> UInt64 {
         guard result.committed else { return result.sequence }
         try? await state.waitUntilReached("store \(name) to show a write", epoch: result.epoch, sequence: result.sequence)
         return result.sequence
@@ -625,7 +627,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     /// `write` naming the mirror's subscription `subscriptionID` on `connection`: the answer's commit is applied
     /// on the event loop as the answer is read (`applyAnswer`), before this resumes.
-    @inlinable func quietWrite(
+    @inlinable nonisolated(nonsending) func quietWrite(
         _ write: OwnWrite, _ condition: Condition, _ connection: BrokerConnection, _ subscriptionID: UInt32
     ) async throws(StoreBrokerError) -> UInt64 {
         // Kept in flight where an event that brings it back after all finds it (by id, then its bytes): no

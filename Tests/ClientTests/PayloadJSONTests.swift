@@ -263,15 +263,23 @@ import Wire
         }
     }
 
+    @Test func oneWriterServesEncodingsOneAfterAnother() {
+        for index in 0..<100 { written(Inner(zeta: index, alpha: ["\(index)"])) }
+        written(Everything())
+        #expect(kept.writersMade == 1)
+    }
+
     @Test func aWriterAValueStillHoldsIsNotKept() {
         let keeper = Keeper()
         written(keeper)
         written(Inner(zeta: 7, alpha: ["after"]))  // encoded while the keeper holds its container
+        #expect(kept.writersMade == 2)
         try? keeper.container?.encode(2, forKey: .a)  // a frame no later value has: written nowhere
         written(Inner(zeta: 8, alpha: []))
         keeper.container = nil
-        written(Everything())  // its writer kept again from here on
+        written(Everything())
         written(Inner(zeta: 9, alpha: ["x", "y"]))
+        #expect(kept.writersMade == 2)  // the second one, kept from the value after the keeper's on
     }
 
     /// Through a broker: the payload a RemoteStore writes is JSONEncoder's, as any other process reads it.
