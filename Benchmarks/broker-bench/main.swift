@@ -285,6 +285,13 @@ func processUsage() -> (cpu: Double, switches: Int) {
     return (cpu, usage.ru_nvcsw + usage.ru_nivcsw)
 }
 
+/// What `measureInserts` hands each call, made before it runs: `value(n)` for n in -100..<count (its warm-up's
+/// negative `n` included).
+func prepared<Value>(_ count: Int, _ make: (Int) -> Value) -> (Int) -> Value {
+    let values = (-100..<count).map(make)
+    return { values[$0 + 100] }
+}
+
 /// Times `count` sequential calls of `insert(n)` (after 100 untimed ones, with negative `n`); prints `NAME_p50_us`, `NAME_p99_us`, and this process's CPU
 /// (`NAME_cpu_us`) and context switches (`NAME_switches`) per insert.
 func measureInserts(_ name: String, count: Int, _ insert: (Int) async throws -> Void) async rethrows {
@@ -307,23 +314,22 @@ func measureInserts(_ name: String, count: Int, _ insert: (Int) async throws -> 
 
 /// 2,000 sequential inserts of one 200-byte item through BrokerConnection, then through RemoteStore.insert (which
 /// also waits for its mirror to show the write), from an ordinary task and from one on the client's executor;
-/// one "name value" per line (see measureInserts).
+/// one "name value" per line (see measureInserts). The items are made before the clock starts (`prepared`): a
+/// call is timed, not the app's making of its value (the load generator, likewise, times from its flush).
 func libraryLatency(socket: String, shapes: Set<String>, count: Int) async throws {
     let pad = padding(200)
     if shapes.contains("connection") {
         let connection = try await BrokerConnection.connect(socketPath: socket, clientName: "broker-bench")
-        try await measureInserts("connection", count: count) { n in
-            _ = try await connection.send(.insert(.init(store: "library-connection", items: [item("\(n)", pad: pad)])))
-        }
+        let requests = prepared(count) { ClientMessage.insert(.init(store: "library-connection", items: [item("\($0)", pad: pad)])) }
+        try await measureInserts("connection", count: count) { n in _ = try await connection.send(requests(n)) }
         await connection.close()
     }
     let client = BrokerClient(socketPath: socket, clientName: "broker-bench")
     if shapes.contains("client_executor") {
         // The connection's own cost without JSON or a mirror: raw inserts from a task on the client's executor.
+        let requests = prepared(count) { ClientMessage.insert(.init(store: "library-raw", items: [item("\($0)", pad: pad)])) }
         try await withTaskExecutorPreference(client.executor) {
-            try await measureInserts("client_executor", count: count) { n in
-                _ = try await client.send(.insert(.init(store: "library-raw", items: [item("\(n)", pad: pad)])))
-            }
+            try await measureInserts("client_executor", count: count) { n in _ = try await client.send(requests(n)) }
         }
     }
     // Loaded before the clock starts: an app's first write waits for its mirror's load, not each one after it
@@ -331,14 +337,14 @@ func libraryLatency(socket: String, shapes: Set<String>, count: Int) async throw
     let store = try await RemoteStore<Note>(client: client, loading: "library-store")
     let text = String(repeating: "x", count: 180)
     if shapes.contains("remotestore") {
-        try await measureInserts("remotestore", count: count) { n in try await store.insert(Note(id: "\(n)", text: text)) }
+        let notes = prepared(count) { Note(id: "\($0)", text: text) }
+        try await measureInserts("remotestore", count: count) { n in try await store.insert(notes(n)) }
     }
     if shapes.contains("executor") {
         // The same from a task that prefers the client's executor: no hand-off between threads per request.
+        let notes = prepared(count) { Note(id: "e\($0)", text: text) }
         try await withTaskExecutorPreference(client.executor) {
-            try await measureInserts("remotestore_executor", count: count) { n in
-                try await store.insert(Note(id: "e\(n)", text: text))
-            }
+            try await measureInserts("remotestore_executor", count: count) { n in try await store.insert(notes(n)) }
         }
     }
     store.close()
