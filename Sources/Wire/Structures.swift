@@ -175,9 +175,24 @@ extension Item: WireCodable {
         }
     }
 
+    /// The id's and the payload's bytes copied from where they lie, in one write (one capacity check and one
+    /// access to the buffer's storage, not four).
     public func encode(wire buffer: inout ByteBuffer) throws(WireError) {
-        try id.encode(wire: &buffer)
-        buffer.writeWirePayload(payload)
+        let written = id.withUTF8 { id in
+            payload.withUnsafeReadableBytes { payload -> Bool in
+                guard id.count <= UInt16.max else { return false }
+                let length = 2 + id.count + 4 + payload.count
+                buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: length) { out in
+                    out.storeBytes(of: UInt16(id.count).bigEndian, toByteOffset: 0, as: UInt16.self)
+                    UnsafeMutableRawBufferPointer(rebasing: out[2..<(2 + id.count)]).copyMemory(from: id)
+                    out.storeBytes(of: UInt32(payload.count).bigEndian, toByteOffset: 2 + id.count, as: UInt32.self)
+                    UnsafeMutableRawBufferPointer(rebasing: out[(6 + id.count)..<length]).copyMemory(from: payload)
+                    return length
+                }
+                return true
+            }
+        }
+        if !written { try id.encode(wire: &buffer) }  // refused there, with the id's error
     }
 }
 

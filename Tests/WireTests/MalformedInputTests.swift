@@ -207,5 +207,13 @@ let badInputs: [BadInput] = [
         }
         #expect(error?.code == .malformed)
         #expect(out.readableBytes == 0)
+        // An item's id too (its id and payload are written in one go, checked first).
+        let item = Item(id: ItemID(String(repeating: "i", count: 70_000)), payload: Payload("{}"))
+        let itemError = try? #require(throws: WireError.self) {
+            try ClientMessage.insert(.init(store: "s", items: [item])).encode(id: 1, into: &out)
+        }
+        #expect(itemError?.code == .malformed)
+        #expect(itemError?.message.contains("item id") == true)
+        #expect(out.readableBytes == 0)
     }
 }
