@@ -139,7 +139,7 @@ extension BrokerConnection {
         do throws(StoreBrokerError) {
             reply = try await send(request) { outcome in seen(outcome.flatMap(Self.commitOutcome)) }
         } catch {
-            if error.kind == .refused, error.code == .unknownMessageType { quietChainUnknown.withLock { $0 = true } }
+            if error.kind == .refused, error.code == .unknownMessageType { refuseQuietChain() }
             throw error
         }
         return try Self.commitOutcome(reply).get()

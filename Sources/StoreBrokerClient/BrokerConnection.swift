@@ -4,6 +4,7 @@ import Glibc
 import Locking
 import NIOCore
 import NIOPosix
+import Synchronization
 import Wire
 
 /// One connection to the broker: requests pipelined and answered in order, subscriptions as async streams.
@@ -21,8 +22,15 @@ public final class BrokerConnection: Sendable {
     private let line: RequestLine
     /// Whether a caller off the event loop writes its request itself (no timeout to arm on the loop).
     private let writesDirectly: Bool
-    /// The broker answered a `quietChain` with `unknownMessageType` (it is older): writes go plain.
-    @usableFromInline let quietChainUnknown = Locked(false)
+    /// The broker answered a `quietChain` with `unknownMessageType` (it is older): writes go plain. An atomic
+    /// flag, read by every mirror write without a lock.
+    private let quietChainRefused = Atomic<Bool>(false)
+
+    /// Whether this connection's broker takes `quietChain` (as far as it has said).
+    @usableFromInline var takesQuietChain: Bool { !quietChainRefused.load(ordering: .relaxed) }
+
+    /// The broker answered a `quietChain` with `unknownMessageType`: no more on this connection.
+    func refuseQuietChain() { quietChainRefused.store(true, ordering: .relaxed) }
 
     private init(
         welcome: ServerMessage.Welcome, channel: any Channel, handler: NIOLoopBound<ClientHandler>, pushBuffer: Int,

@@ -598,7 +598,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         let connection: BrokerConnection
         if let open = client.openConnection { connection = open } else { connection = try await client.connection() }
         if let route = quietRoute.withLock({ $0 }), route.connection === connection,
-            !connection.quietChainUnknown.withLock({ $0 })
+            connection.takesQuietChain
         {
             do throws(StoreBrokerError) {
                 return try await quietWrite(OwnWrite(epoch: 0, steps: steps, values: values), condition, connection, route.id)
@@ -637,8 +637,10 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
             mirror.quietWrites[mirror.nextQuietWrite] = write
             return mirror.nextQuietWrite
         }
+        // `self` held strongly: this task holds it until the answer anyway, and a weak reference is formed and
+        // destroyed per write (an atomic on the object's side table each).
         let result = try await connection.write(name, write.steps, condition: condition, quietFor: subscriptionID) {
-            [weak self] outcome in self?.applyAnswer(outcome, of: write, number: number)
+            outcome in self.applyAnswer(outcome, of: write, number: number)
         }
         return await shown(result)
     }
