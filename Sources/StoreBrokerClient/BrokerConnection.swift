@@ -486,8 +486,21 @@ final class ClientHandler: ChannelInboundHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         var bytes = unwrapInboundIn(data)
-        input.writeBuffer(&bytes)
-        while let event = session.next(from: &input) {
+        // The usual read holds whole frames: they are read where NIO put them, and only a partial frame's bytes
+        // are copied to be kept (`input`) until the rest arrives.
+        guard input.readableBytes == 0 else {
+            input.writeBuffer(&bytes)
+            read(&input, context: context)
+            input.discardReadBytes()
+            return
+        }
+        read(&bytes, context: context)
+        if bytes.readableBytes > 0 { input.writeBuffer(&bytes) }
+    }
+
+    /// Takes the whole frames at the front of `buffer`.
+    private func read(_ buffer: inout ByteBuffer, context: ChannelHandlerContext) {
+        while let event = session.next(from: &buffer) {
             switch event {
             case .established(let welcome):
                 line.established(maxFrameLength: Int(welcome.maxFrameLength))
@@ -501,7 +514,6 @@ final class ClientHandler: ChannelInboundHandler {
                 receive(id: id, message)
             }
         }
-        input.discardReadBytes()
     }
 
     /// The answers of this read cycle go to their callers once every push in it has been handed on: a write's

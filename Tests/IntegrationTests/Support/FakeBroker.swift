@@ -105,5 +105,20 @@ final class ScriptedPeer {
         write(out)
     }
 
+    /// Sends `answers` as one stream of bytes cut at `cuts` (offsets into it), each piece its own write 50 ms
+    /// after the last: the client reads frames that end in the middle of a read, several in one read, and a
+    /// header in pieces.
+    func send(_ answers: [(ServerMessage, id: UInt32)], cutAt cuts: [Int]) throws {
+        var out = ByteBuffer()
+        for (message, id) in answers { try message.encode(id: id, maxFrameLength: WireProtocol.defaultMaxFrameLength, into: &out) }
+        let bytes = Array(out.readableBytesView)
+        var start = 0
+        for end in cuts + [bytes.count] where end > start {
+            sendAll(fd, Array(bytes[start..<min(end, bytes.count)]))
+            start = end
+            usleep(50_000)
+        }
+    }
+
     private func write(_ bytes: ByteBuffer) { sendAll(fd, Array(bytes.readableBytesView)) }
 }
