@@ -39,12 +39,6 @@ public final class BrokerClient: Sendable {
     let eventLoop: any EventLoop
     private let current = Locked<BrokerConnection?>(nil)
 
-    /// The connection if it is open, without suspending: the write path's usual case, which then does not pay
-    /// for an async call (each is a check of the task's executor, two per call).
-    @usableFromInline var openConnection: BrokerConnection? {
-        if let open = current.withLock({ $0 }), open.isOpen { return open }
-        return nil
-    }
 
     /// The client of the default socket, for the property wrappers' defaults (`@StoredValue(key:)`).
     public static let shared = BrokerClient()
@@ -67,9 +61,11 @@ public final class BrokerClient: Sendable {
         String(CommandLine.arguments.first?.split(separator: "/").last ?? "client")
     }
 
-    /// The open connection, connecting (again) if needed.
-    public func connection() async throws(StoreBrokerError) -> BrokerConnection {
-        if let open = openConnection { return open }
+    /// The open connection, connecting (again) if needed. Runs on its caller's executor (`nonisolated(nonsending)`):
+    /// the usual case, an open connection, costs no check of the task's executor, where a plain `async` call
+    /// costs two.
+    public nonisolated(nonsending) func connection() async throws(StoreBrokerError) -> BrokerConnection {
+        if let open = current.withLock({ $0 }), open.isOpen { return open }
         let fresh = try await BrokerConnection.connect(
             socketPath: socketPath, clientName: clientName, handshakeTimeout: connectTimeout, eventLoop: eventLoop)
         let kept = current.withLock { current -> BrokerConnection in
@@ -83,8 +79,7 @@ public final class BrokerClient: Sendable {
 
     /// Sends a request and returns its answer; an `error` answer is thrown as `refused` with its code.
     package nonisolated(nonsending) func send(_ request: ClientMessage) async throws(StoreBrokerError) -> ServerMessage {
-        if let open = openConnection { return try await open.send(request) }
-        return try await connection().send(request)
+        try await connection().send(request)
     }
 
     /// Closes the connection; mirrors built on this client stop following the broker.

@@ -595,8 +595,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     ) async throws(StoreBrokerError) -> UInt64 {
         guard !steps.isEmpty else { return sequence }
         let condition: Condition = expecting.map { .sequence($0) } ?? .unconditional
-        let connection: BrokerConnection
-        if let open = client.openConnection { connection = open } else { connection = try await client.connection() }
+        let connection = try await client.connection()
         if let route = quietRoute.withLock({ $0 }), route.connection === connection,
             connection.takesQuietChain
         {
