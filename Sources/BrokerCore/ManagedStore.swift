@@ -165,8 +165,6 @@ final class ManagedStore: Sendable {
         /// The last catch-up failed (the database unreachable): the watcher asks again.
         var catchUpFailed = false
 
-        var wantsWriter: Bool { catchUpWanted }
-
         /// The store does not exist, nothing of it is open and nothing waits: nothing would be lost by letting go
         /// of it.
         var holdsNothing: Bool {
@@ -581,10 +579,9 @@ final class ManagedStore: Sendable {
         var items = 0
         var leftovers = Leftovers()
         for _ in 0..<groups where items < itemBudget {
-            if state.withLock({ state in defer { state.catchUpWanted = false }; return state.catchUpWanted }) {
-                HandOffs.gathering { catchUpReporting(leaving: &leftovers) }
-            }
-            guard gatherGroup() else { break }
+            let (gathered, catchUp) = gatherGroup()
+            if catchUp { HandOffs.gathering { catchUpReporting(leaving: &leftovers) } }
+            guard gathered else { break }
             let batch = state.withLock { state -> Batch? in
                 // Taken off the queue, not read from it: a read of `first` is a copy.
                 guard let first = state.pending.popFirst() else { return nil }
@@ -638,27 +635,30 @@ final class ManagedStore: Sendable {
         var groups: [[PendingWrite]] = []
     }
 
-    /// Before a group: false when nothing is queued. Otherwise, on a writer thread, waits a little for the writers
-    /// the last group answered when its apply was slow (`GroupGathering`); never where the engine commits on the
-    /// event loop (`nonblocking`).
-    private func gatherGroup() -> Bool {
+    /// Before a group: `gathered` false when nothing is queued. Otherwise, on a writer thread, waits a little for
+    /// the writers the last group answered when its apply was slow (`GroupGathering`); never where the engine
+    /// commits on the event loop (`nonblocking`). `catchUp`: a shared store's writer is to take other brokers'
+    /// commits in first (read under the same lock: no second one per group).
+    private func gatherGroup() -> (gathered: Bool, catchUp: Bool) {
         let maximum = limits.maxGroupWaitNanoseconds
         enum Next { case nothingQueued, go, wait(UInt64) }
-        let next = state.withLock { state -> Next in
-            guard !state.pending.isEmpty else { return .nothingQueued }
+        let (next, catchUp) = state.withLock { state -> (Next, Bool) in
+            let catchUp = state.catchUpWanted
+            state.catchUpWanted = false
+            guard !state.pending.isEmpty else { return (.nothingQueued, catchUp) }
             guard !state.stopping, state.pending.count < limits.maxGroupCommit,
                 let capabilities = state.capabilities, !capabilities.contains(.nonblocking)
-            else { return .go }
+            else { return (.go, catchUp) }
             doorbell.reset()
-            return state.gathering.beginWait(maximum: maximum).map(Next.wait) ?? .go
+            return (state.gathering.beginWait(maximum: maximum).map(Next.wait) ?? .go, catchUp)
         }
         switch next {
-        case .nothingQueued: return false
-        case .go: return true
+        case .nothingQueued: return (false, catchUp)
+        case .go: return (true, catchUp)
         case .wait(let nanoseconds):
             doorbell.wait(nanoseconds: nanoseconds)
             state.withLock { $0.gathering.endWait() }
-            return true
+            return (true, catchUp)
         }
     }
 

@@ -53,7 +53,6 @@ final class ValueSpace: Sendable {
         /// Shared values (ABI 2.1): another broker may have committed; the writer catches up.
         var catchUpWanted = false
         var catchUpFailed = false
-        var wantsWriter: Bool { catchUpWanted }
 
         /// Forgets a subscriber, and the name's table of them once it is empty: a client subscribing to many
         /// names in turn leaves nothing behind.
@@ -269,14 +268,15 @@ final class ValueSpace: Sendable {
     /// The writer's job, as a store's: groups until the queue is empty, or a turn's worth.
     private func runWriter() {
         for _ in 0..<WriterPool.groupsPerTurn {
-            if state.withLock({ state in defer { state.catchUpWanted = false }; return state.catchUpWanted }) {
-                HandOffs.gathering { catchUpReporting() }
-            }
-            let group = state.withLock { state -> [Write] in
+            // The group, and whether other brokers' commits are to be taken in first, under one lock.
+            let (group, catchUp) = state.withLock { state -> ([Write], Bool) in
+                let catchUp = state.catchUpWanted
+                state.catchUpWanted = false
                 let count = min(state.pending.count, max(1, environment.configuration.maxGroupCommit))
                 defer { state.pending.removeFirst(count) }
-                return Array(state.pending.prefix(count))
+                return (Array(state.pending.prefix(count)), catchUp)
             }
+            if catchUp { HandOffs.gathering { catchUpReporting() } }
             guard !group.isEmpty else { break }
             HandOffs.gathering { commit(group) }
         }

@@ -29,12 +29,9 @@ protocol WriterState {
     var manifest: Manifest? { get set }
     /// The load failed: back to "not loaded", so that the next request tries again.
     mutating func markLoadFailed()
-    /// Work for the writer besides the queued writes (a shared store's catch-up): the writer goes on for it.
-    var wantsWriter: Bool { get }
-}
-
-extension WriterState {
-    var wantsWriter: Bool { false }
+    /// A shared store's writer is to take in other brokers' commits: work besides the queued writes, which the
+    /// writer goes on for.
+    var catchUpWanted: Bool { get set }
 }
 
 extension WriterState {
@@ -72,7 +69,7 @@ extension Locked where Value: WriterState {
     /// the pool); otherwise the writer stops, and a shutdown waiting for it to be idle goes on.
     func writerGoesOn() -> Bool {
         let (goesOn, idle) = withLock { state -> (Bool, [CheckedContinuation<Void, Never>]) in
-            guard state.pending.isEmpty, !state.wantsWriter else { return (true, []) }
+            guard state.pending.isEmpty, !state.catchUpWanted else { return (true, []) }
             state.writing = false
             defer { state.idleWaiters = [] }
             return (false, state.idleWaiters)

@@ -329,7 +329,7 @@ extension Locked where Value: MirrorState {
 struct MirrorCoding: Sendable {
     private let encoder: JSONEncoder
     private let decoder = JSONDecoder()
-    private let payloads = PayloadJSONEncoder()
+    private let payloads = PayloadJSON()
 
     init() {
         encoder = JSONEncoder()

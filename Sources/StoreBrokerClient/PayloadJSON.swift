@@ -13,18 +13,12 @@ import NIOCore
 /// that, `superEncoder`, `Decimal`, a key given twice, a number JSON cannot hold, an error thrown by the
 /// value) makes `encode` return `nil`, and the caller encodes with `JSONEncoder`, which writes the same bytes
 /// or throws its own error.
-enum PayloadJSON {
-    static func encode<T: Encodable>(_ value: T) -> [UInt8]? {
-        let writer = PayloadJSONWriter()
-        return writer.encode(value) { Array($0) }
-    }
-}
-
-/// `PayloadJSON` with one writer kept from one encoding to the next (its object and its lists: four allocations
-/// of each `RemoteStore.insert`'s encoding). An encoding takes the writer out while it runs, so encodings at the
-/// same time each get one; a writer is kept again only when nothing else holds it (a container the value kept
-/// after its `encode(to:)` returned would otherwise write into a later encoding).
-final class PayloadJSONEncoder: Sendable {
+///
+/// One writer is kept from one encoding to the next (its object and its lists: four allocations of each
+/// `RemoteStore.insert`'s encoding). An encoding takes the writer out while it runs, so encodings at the same time
+/// each get one; a writer is kept again only when nothing else holds it (a container the value kept after its
+/// `encode(to:)` returned would otherwise write into a later encoding).
+final class PayloadJSON: Sendable {
     private struct Kept {
         var writer: PayloadJSONWriter?
         var made = 0
@@ -35,7 +29,7 @@ final class PayloadJSONEncoder: Sendable {
     /// The writers this encoder made (for tests: one, while its encodings do not overlap).
     var writersMade: Int { kept.withLock { $0.made } }
 
-    /// The value's JSON in a buffer of its own, or `nil` where `JSONEncoder` must encode it (see `PayloadJSON`).
+    /// The value's JSON in a buffer of its own, or `nil` where `JSONEncoder` must encode it (see above).
     func encode<T: Encodable>(_ value: T) -> ByteBuffer? {
         var writer = kept.withLock { kept in
             if let writer = kept.writer {
@@ -45,7 +39,7 @@ final class PayloadJSONEncoder: Sendable {
             kept.made += 1
             return PayloadJSONWriter()
         }
-        let encoded = writer.encode(value) { ByteBuffer(bytes: $0) }
+        let encoded = writer.encode(value)
         if isKnownUniquelyReferenced(&writer) { kept.withLock { $0.writer = writer } }
         return encoded
     }
@@ -113,10 +107,10 @@ private final class PayloadJSONWriter: Encoder, @unchecked Sendable {  // used b
 
     init() { bytes.reserveCapacity(256) }
 
-    /// Writes `value` and gives its bytes to `output`; `nil` where it leaves the value to `JSONEncoder`. The writer
-    /// is empty again after (its lists keep their capacity, its frame ids go on: a container of an earlier value
-    /// names no frame of a later one).
-    func encode<T: Encodable, Output>(_ value: T, _ output: ([UInt8]) -> Output) -> Output? {
+    /// Writes `value` and returns its bytes; `nil` where it leaves the value to `JSONEncoder`. The writer is empty
+    /// again after (its lists keep their capacity, its frame ids go on: a container of an earlier value names no
+    /// frame of a later one).
+    func encode<T: Encodable>(_ value: T) -> ByteBuffer? {
         defer {
             bytes.removeAll(keepingCapacity: true)
             codingPath.removeAll(keepingCapacity: true)
@@ -130,7 +124,7 @@ private final class PayloadJSONWriter: Encoder, @unchecked Sendable {  // used b
             return nil
         }
         guard !failed, closeFrames(downTo: 0) else { return nil }
-        return output(bytes)
+        return ByteBuffer(bytes: bytes)
     }
 
     // MARK: Values

@@ -14,11 +14,16 @@ import Wire
     }
 
     /// One encoder for a test's values, its writer kept from each to the next (as a mirror's is).
-    private let kept = PayloadJSONEncoder()
+    private let kept = PayloadJSON()
+
+    /// The bytes a fresh encoder writes for `value`.
+    private static func fresh<T: Encodable>(_ value: T) -> [UInt8]? {
+        PayloadJSON().encode(value).map { Array($0.readableBytesView) }
+    }
 
     /// The fast writer took `value` and wrote what JSONEncoder writes, fresh and kept from the values before.
     private func written<T: Encodable>(_ value: T, sourceLocation: Testing.SourceLocation = #_sourceLocation) {
-        let mine = PayloadJSON.encode(value)
+        let mine = Self.fresh(value)
         #expect(mine != nil, "left to JSONEncoder", sourceLocation: sourceLocation)
         #expect(
             mine.map { String(decoding: $0, as: UTF8.self) } == Self.foundation(value).map { String(decoding: $0, as: UTF8.self) },
@@ -29,7 +34,7 @@ import Wire
     /// The fast writer left `value` to JSONEncoder, and the mirror's coding writes JSONEncoder's bytes (or throws
     /// as it does).
     private func leftToFoundation<T: Encodable>(_ value: T, sourceLocation: Testing.SourceLocation = #_sourceLocation) {
-        #expect(PayloadJSON.encode(value) == nil, sourceLocation: sourceLocation)
+        #expect(Self.fresh(value) == nil, sourceLocation: sourceLocation)
         #expect(kept.encode(value) == nil, sourceLocation: sourceLocation)
         let coded = try? MirrorCoding().encode(value)
         #expect(coded.map { Array($0.bytes.readableBytesView) } == Self.foundation(value), sourceLocation: sourceLocation)
