@@ -125,6 +125,8 @@ extension StoreBrokerError {
 }
 
 /// A task executor that runs jobs on a NIO event loop, after whatever the loop is doing (`BrokerClient.executor`).
+/// A job made ready on the loop's thread while a connection there hands out the answers of a read (`ReadyJobs`)
+/// runs as soon as they are all handed out, on that thread: not queued on the loop for its next turn.
 final class EventLoopTaskExecutor: TaskExecutor {
     private let eventLoop: any EventLoop
 
@@ -132,6 +134,63 @@ final class EventLoopTaskExecutor: TaskExecutor {
 
     func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
+        if eventLoop.inEventLoop, let ready = ReadyJobs.collecting() {
+            ready.add(job, on: asUnownedTaskExecutor())
+            return
+        }
         eventLoop.execute { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
     }
+}
+
+/// The jobs of an event loop's task executors that answers read on that loop made ready, run by the reader once
+/// it has handed out every answer of the read: a task that waits for its answer on the loop (`client.executor`)
+/// goes on at once, without a trip through the loop's task queue (a lock, a closure, a clock read and a copy of
+/// the queue per answer). One per thread, touched only by that thread.
+final class ReadyJobs {
+    private var jobs: [(job: UnownedJob, executor: UnownedTaskExecutor)] = []
+    private var isCollecting = false
+
+    /// The thread's jobs while a reader on it is collecting them, else nil.
+    static func collecting() -> ReadyJobs? {
+        guard let raw = pthread_getspecific(key) else { return nil }
+        let ready = Unmanaged<ReadyJobs>.fromOpaque(raw).takeUnretainedValue()
+        return ready.isCollecting ? ready : nil
+    }
+
+    func add(_ job: UnownedJob, on executor: UnownedTaskExecutor) { jobs.append((job, executor)) }
+
+    /// Runs `handOut` collecting the jobs it makes ready, then runs them (and those they make ready, in order).
+    /// Not nested: a reader called while another collects on this thread (it cannot be, as NIO reads from its
+    /// selector only) runs `handOut` without collecting.
+    static func run(after handOut: () -> Void) {
+        let ready = current()
+        guard !ready.isCollecting else { return handOut() }
+        ready.isCollecting = true
+        defer { ready.isCollecting = false }
+        handOut()
+        var next = 0
+        while next < ready.jobs.count {
+            let (job, executor) = ready.jobs[next]
+            next += 1
+            job.runSynchronously(on: executor)
+        }
+        ready.jobs.removeAll(keepingCapacity: true)
+    }
+
+    /// The thread's, made on first use (and released when the thread ends).
+    private static func current() -> ReadyJobs {
+        if let raw = pthread_getspecific(key) { return Unmanaged<ReadyJobs>.fromOpaque(raw).takeUnretainedValue() }
+        let made = ReadyJobs()
+        pthread_setspecific(key, Unmanaged.passRetained(made).toOpaque())
+        return made
+    }
+
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        let created = pthread_key_create(&key) { raw in
+            if let raw { Unmanaged<ReadyJobs>.fromOpaque(raw).release() }
+        }
+        precondition(created == 0, "pthread_key_create failed: \(created)")
+        return key
+    }()
 }

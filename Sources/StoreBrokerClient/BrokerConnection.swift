@@ -518,8 +518,9 @@ final class ClientHandler: ChannelInboundHandler {
 
     /// The answers of this read cycle go to their callers once every push in it has been handed on: a write's
     /// caller then finds a mirror that already holds the commit its answer acknowledges.
+    /// A caller on this loop's `client.executor` goes on right after (`ReadyJobs`).
     func channelReadComplete(context: ChannelHandlerContext) {
-        resumeAnswered()
+        ReadyJobs.run(after: resumeAnswered)
         context.fireChannelReadComplete()
     }
 
