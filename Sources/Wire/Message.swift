@@ -51,7 +51,32 @@ public enum ClientMessage: Hashable, Sendable {
         }
     }
 
-    public var type: MessageType { Swift.type(of: body).type }
+    /// Its type, without boxing the message into `body`'s existential (an allocation for most messages).
+    public var type: MessageType {
+        switch self {
+        case .hello: .hello
+        case .ping: .ping
+        case .listStores: .listStores
+        case .listEngines: .listEngines
+        case .getStoreInfo: .getStoreInfo
+        case .insert: .insert
+        case .remove: .remove
+        case .removeAll: .removeAll
+        case .drop: .drop
+        case .chain: .chain
+        case .getItems: .getItems
+        case .queryRange: .queryRange
+        case .count: .count
+        case .listIDs: .listIDs
+        case .subscribe: .subscribe
+        case .unsubscribe: .unsubscribe
+        case .getValue: .getValue
+        case .setValue: .setValue
+        case .resetValue: .resetValue
+        case .listValues: .listValues
+        case .quietChain: .quietChain
+        }
+    }
 
     /// Decodes one frame sent by a client. Throws `unknownMessageType`, `unexpectedMessage` (a server type),
     /// `invalidFlags` (requests never span frames) or `malformed`.
@@ -90,10 +115,38 @@ public enum ClientMessage: Hashable, Sendable {
 
     /// Writes the message as one frame with request id `id`. A request never spans frames: one that does not
     /// fit in `maxFrameLength` throws `frameTooLarge` and writes nothing.
+    ///
+    /// Each case calls its own type's encoder: no message is boxed into `body`'s existential (an allocation and
+    /// a copy per request) and no encoder is reached through a witness table.
     public func encode(
         id: UInt32, maxFrameLength: Int = WireProtocol.defaultMaxFrameLength, into out: inout ByteBuffer
     ) throws(WireError) {
-        try body.encodeFrame(id: id, maxFrameLength: maxFrameLength, into: &out)
+        func one<M: WireMessage>(_ message: M) throws(WireError) {
+            try message.encodeFrame(id: id, maxFrameLength: maxFrameLength, into: &out)
+        }
+        switch self {
+        case .hello(let m): try one(m)
+        case .ping(let m): try one(m)
+        case .listStores(let m): try one(m)
+        case .listEngines(let m): try one(m)
+        case .getStoreInfo(let m): try one(m)
+        case .insert(let m): try one(m)
+        case .remove(let m): try one(m)
+        case .removeAll(let m): try one(m)
+        case .drop(let m): try one(m)
+        case .chain(let m): try one(m)
+        case .getItems(let m): try one(m)
+        case .queryRange(let m): try one(m)
+        case .count(let m): try one(m)
+        case .listIDs(let m): try one(m)
+        case .subscribe(let m): try one(m)
+        case .unsubscribe(let m): try one(m)
+        case .getValue(let m): try one(m)
+        case .setValue(let m): try one(m)
+        case .resetValue(let m): try one(m)
+        case .listValues(let m): try one(m)
+        case .quietChain(let m): try one(m)
+        }
     }
 }
 
@@ -152,7 +205,34 @@ public enum ServerMessage: Hashable, Sendable {
         }
     }
 
-    public var type: MessageType { Swift.type(of: body).type }
+    /// Its type, without boxing the message into `body`'s existential (an allocation for most messages).
+    public var type: MessageType {
+        switch self {
+        case .welcome: .welcome
+        case .pong: .pong
+        case .storeList: .storeList
+        case .engineList: .engineList
+        case .storeInfoResult: .storeInfoResult
+        case .writeResult: .writeResult
+        case .itemsResult: .itemsResult
+        case .rangeResult: .rangeResult
+        case .countResult: .countResult
+        case .idList: .idList
+        case .subscribed: .subscribed
+        case .unsubscribed: .unsubscribed
+        case .valueResult: .valueResult
+        case .valueList: .valueList
+        case .error: .error
+        case .storeLoaded: .storeLoaded
+        case .storeEvent: .storeEvent
+        case .valueLoaded: .valueLoaded
+        case .valueEvent: .valueEvent
+        case .lagged: .lagged
+        case .historyGone: .historyGone
+        case .dropped: .dropped
+        case .goodbye: .goodbye
+        }
+    }
 
     /// Decodes one frame sent by a server. For a message that spans frames this is one part of it; see
     /// `ServerMessageAssembler`.

@@ -13,6 +13,12 @@ import Wire
         let (id, decoded) = try AnyMessage.decodeOne(bytes)
         #expect(id == sample.id)
         #expect(decoded == sample.message)
+        // `type` is a switch of its own: it names the type of the message in the case, as the frame does.
+        switch sample.message {
+        case .client(let message): #expect(message.type == Swift.type(of: message.body).type)
+        case .server(let message): #expect(message.type == Swift.type(of: message.body).type)
+        }
+        #expect(bytes.getInteger(at: 4, as: UInt8.self) == sample.message.type.rawValue)
     }
 
     /// All samples back to back, as one stream.
