@@ -149,6 +149,11 @@ final class EventLoopTaskExecutor: TaskExecutor {
 final class ReadyJobs {
     private var jobs: [(job: UnownedJob, executor: UnownedTaskExecutor)] = []
     private var isCollecting = false
+    /// The jobs run this way on this thread so far (for tests).
+    private(set) var ran = 0
+
+    /// `ran` of the calling thread (for tests; 0 where none ran).
+    static var ranHere: Int { current().ran }
 
     /// The thread's jobs while a reader on it is collecting them, else nil.
     static func collecting() -> ReadyJobs? {
@@ -172,6 +177,7 @@ final class ReadyJobs {
         while next < ready.jobs.count {
             let (job, executor) = ready.jobs[next]
             next += 1
+            ready.ran &+= 1
             job.runSynchronously(on: executor)
         }
         ready.jobs.removeAll(keepingCapacity: true)
