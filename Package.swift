@@ -143,7 +143,6 @@ let package = Package(
             dependencies: [
                 "Locking", "StoreModel", "ErrorShape", "Wire", "OrderedStorage",
                 .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: requestPath
         ),

@@ -4,7 +4,6 @@ import Glibc
 import Foundation
 import Locking
 import NIOCore
-import NIOPosix
 import Wire
 
 /// A client of the broker: one connection, opened on first use and opened again after the broker restarts.
@@ -35,7 +34,7 @@ public final class BrokerClient: Sendable {
     /// writes (and any other connection on the same loop) while it runs: keep long computations and blocking
     /// calls off it.
     public let executor: any TaskExecutor
-    /// The loop every connection of this client lives on.
+    /// The loop every connection of this client (of the process) is served on.
     let eventLoop: any EventLoop
     private let current = Locked<BrokerConnection?>(nil)
 
@@ -52,7 +51,7 @@ public final class BrokerClient: Sendable {
         self.clientName = clientName
         self.connectTimeout = connectTimeout
         self.eventBuffer = eventBuffer
-        self.eventLoop = MultiThreadedEventLoopGroup.singleton.next()
+        self.eventLoop = ClientLoop.shared
         self.executor = EventLoopTaskExecutor(eventLoop)
     }
 
@@ -67,7 +66,7 @@ public final class BrokerClient: Sendable {
     public nonisolated(nonsending) func connection() async throws(StoreBrokerError) -> BrokerConnection {
         if let open = current.withLock({ $0 }), open.isOpen { return open }
         let fresh = try await BrokerConnection.connect(
-            socketPath: socketPath, clientName: clientName, handshakeTimeout: connectTimeout, eventLoop: eventLoop)
+            socketPath: socketPath, clientName: clientName, handshakeTimeout: connectTimeout)
         let kept = current.withLock { current -> BrokerConnection in
             if let other = current, other.isOpen { return other }
             current = fresh
@@ -124,7 +123,7 @@ extension StoreBrokerError {
     public var isUnavailable: Bool { kind == .cannotConnect || kind == .connectionClosed }
 }
 
-/// A task executor that runs jobs on a NIO event loop, after whatever the loop is doing (`BrokerClient.executor`).
+/// A task executor that runs jobs on the client's loop, after whatever the loop is doing (`BrokerClient.executor`).
 /// A job made ready on the loop's thread while a connection there hands out the answers of a read (`ReadyJobs`)
 /// runs as soon as they are all handed out, on that thread: not queued on the loop for its next turn.
 final class EventLoopTaskExecutor: TaskExecutor {

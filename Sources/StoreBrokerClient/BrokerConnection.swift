@@ -3,7 +3,6 @@ import Glibc
 #endif
 import Locking
 import NIOCore
-import NIOPosix
 import Synchronization
 import Wire
 
@@ -16,11 +15,11 @@ import Wire
 public final class BrokerConnection: Sendable {
     /// What the broker announced: protocol version and limits (`limits` is its public face).
     package let welcome: ServerMessage.Welcome
-    private let channel: any Channel
+    private let socket: ClientSocket
     private let handler: NIOLoopBound<ClientHandler>
     private let pushBuffer: Int
     private let line: RequestLine
-    /// Whether a caller off the event loop writes its request itself (no timeout to arm on the loop).
+    /// Whether a caller off the loop writes its request itself (no timeout to arm on the loop).
     private let writesDirectly: Bool
     /// The broker answered a `quietChain` with `unknownMessageType` (it is older): writes go plain. An atomic
     /// flag, read by every mirror write without a lock.
@@ -33,15 +32,15 @@ public final class BrokerConnection: Sendable {
     func refuseQuietChain() { quietChainRefused.store(true, ordering: .relaxed) }
 
     private init(
-        welcome: ServerMessage.Welcome, channel: any Channel, handler: NIOLoopBound<ClientHandler>, pushBuffer: Int,
+        welcome: ServerMessage.Welcome, socket: ClientSocket, handler: NIOLoopBound<ClientHandler>, pushBuffer: Int,
         line: RequestLine, timed: Bool
     ) {
         self.welcome = welcome
-        self.channel = channel
+        self.socket = socket
         self.handler = handler
         self.pushBuffer = pushBuffer
         self.line = line
-        writesDirectly = line.writesDirectly && !timed
+        writesDirectly = !timed
     }
 
     /// The socket path by PRODUCT.md's rule (`STOREBROKER_SOCKET`, `XDG_RUNTIME_DIR`, `/tmp/storebroker-UID`).
@@ -63,70 +62,76 @@ public final class BrokerConnection: Sendable {
     /// to stop sending), as the broker does with its own slow subscribers: a reader that stops reading costs
     /// bounded memory. `follow(...)` resumes from there by itself.
     ///
-    /// The connection lives on `eventLoop` (one of NIO's shared loops when nil): see `BrokerClient.executor`.
+    /// The connection is served by the client library's own thread (`ClientLoop`): see `BrokerClient.executor`.
     public static func connect(
         socketPath: String = defaultSocketPath(), clientName: String, timeout: Duration? = nil,
-        handshakeTimeout: Duration? = nil, pushBuffer: Int = 1024, eventLoop: (any EventLoop)? = nil
+        handshakeTimeout: Duration? = nil, pushBuffer: Int = 1024
     ) async throws(StoreBrokerError) -> BrokerConnection {
         let timeAmount = timeout.map(TimeAmount.init)
         let handshakeTime = (handshakeTimeout ?? timeout).map(TimeAmount.init)
-        // The handler says hello from the event loop as soon as the socket is connected, and fulfils `established`
-        // with the broker's welcome: no hop through the caller's task between connecting and the hello (a busy
-        // process must not let the broker's handshake timeout run out on a connection it has opened).
-        let loop = eventLoop ?? MultiThreadedEventLoopGroup.singleton.next()
-        let established = loop.makePromise(of: Established.self)
-        // The socket is connected here when it can be at once: the request line keeps a descriptor of its own to
-        // write requests from the callers' threads, and the channel gets a duplicate to read from. Otherwise (a
-        // full backlog, an error to report) the channel connects, and every request goes through it.
-        var lineDescriptor: CInt = -1
-        var channelDescriptor: CInt?
-        if let direct = RequestLine.connect(unixDomainSocketPath: socketPath) {
-            let duplicate = fcntl(direct, F_DUPFD_CLOEXEC, 0)  // close-on-exec, as the original
-            if duplicate >= 0 {
-                (lineDescriptor, channelDescriptor) = (direct, duplicate)
-            } else {
-                Glibc.close(direct)
-            }
-        }
-        let line = RequestLine(descriptor: lineDescriptor)
-        let channel: any Channel
-        do {
-            var bootstrap = ClientBootstrap(group: loop)
-                .channelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandler(
-                            ClientHandler(
-                                clientName: clientName, requestTimeout: timeAmount, handshakeTimeout: handshakeTime,
-                                pushBuffer: pushBuffer, established: established, line: line))
-                    }
-                }
-            if let handshakeTime { bootstrap = bootstrap.connectTimeout(handshakeTime) }
-            if let channelDescriptor {
-                channel = try await bootstrap.withConnectedSocket(channelDescriptor).get()
-            } else {
-                channel = try await bootstrap.connect(unixDomainSocketPath: socketPath).get()
-            }
-        } catch {
-            established.fail(error)
+        let loop = ClientLoop.shared
+        // The request line keeps a descriptor of its own to write requests from the callers' threads; the loop
+        // reads a duplicate. The handler says hello from the loop as soon as it serves the socket, and fulfils
+        // `established` with the broker's welcome: no hop through the caller's task between connecting and the
+        // hello (a busy process must not let the broker's handshake timeout run out on a connection it opened).
+        let descriptor = try await connectSocket(socketPath, within: handshakeTimeout ?? timeout)
+        let duplicate = fcntl(descriptor, F_DUPFD_CLOEXEC, 0)  // close-on-exec, as the original
+        guard duplicate >= 0 else {
+            let failure = errno
+            let reason = String(cString: strerror(failure))
+            Glibc.close(descriptor)
             throw StoreBrokerError(
-                .cannotConnect, "cannot connect to the broker at \(socketPath): \(Self.describe(error))", underlying: error)
+                .cannotConnect, "cannot connect to the broker at \(socketPath): \(reason)",
+                underlying: IOError(errnoCode: failure, reason: "dup"))
         }
+        let line = RequestLine(descriptor: descriptor)
+        let established = loop.makePromise(of: Established.self)
+        let handler = ClientHandler(
+            clientName: clientName, requestTimeout: timeAmount, handshakeTimeout: handshakeTime, pushBuffer: pushBuffer,
+            established: established, line: line)
+        let socket = ClientSocket(descriptor: duplicate, loop: loop, handler: handler)
+        loop.execute { socket.start() }
         do {
             let (welcome, handler) = try await established.futureResult.get()
             return BrokerConnection(
-                welcome: welcome, channel: channel, handler: handler, pushBuffer: pushBuffer, line: line, timed: timeAmount != nil)
+                welcome: welcome, socket: socket, handler: handler, pushBuffer: pushBuffer, line: line, timed: timeAmount != nil)
         } catch {
-            try? await channel.close()
+            loop.execute { socket.close(failure: nil) }
             throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
+        }
+    }
+
+    /// A connected socket to `path`. A full backlog (the broker is slow to accept) is tried again until `within`
+    /// has passed (for ever without it); any other failure is `cannotConnect` with the system's reason.
+    private static func connectSocket(_ path: String, within limit: Duration?) async throws(StoreBrokerError) -> CInt {
+        let clock = ContinuousClock()
+        let deadline = limit.map { clock.now + $0 }
+        while true {
+            switch RequestLine.connect(unixDomainSocketPath: path) {
+            case .connected(let descriptor):
+                return descriptor
+            case .failed(let failure) where failure == EAGAIN:
+                if let deadline, clock.now >= deadline {
+                    throw StoreBrokerError(
+                        .cannotConnect, "cannot connect to the broker at \(path): it did not accept the connection in time")
+                }
+                if Task.isCancelled {
+                    throw StoreBrokerError(.cancelled, "connecting to the broker at \(path) was cancelled")
+                }
+                try? await Task.sleep(for: .milliseconds(2))
+            case .failed(let failure):
+                throw StoreBrokerError(
+                    .cannotConnect, "cannot connect to the broker at \(path): \(describe(failure))",
+                    underlying: IOError(errnoCode: failure, reason: "connect"))
+            }
         }
     }
 
     /// What the handshake gives: the broker's welcome and the handler that serves the connection.
     typealias Established = (welcome: ServerMessage.Welcome, handler: NIOLoopBound<ClientHandler>)
 
-    private static func describe(_ error: any Error) -> String {
-        if let error = error as? IOError { return String(cString: strerror(error.errnoCode)) }
-        return "\(error)"
+    private static func describe(_ failure: CInt) -> String {
+        failure == ENAMETOOLONG ? "the socket path is too long" : String(cString: strerror(failure))
     }
 
     /// Sends `request` and returns its answer; an `error` answer is thrown as `refused`. The typed calls
@@ -135,14 +140,14 @@ public final class BrokerConnection: Sendable {
         // The caller writes its request itself (or, with a timeout to arm, hops to the event loop), and the answer
         // resumes it straight from the read that brought it: no future, no promise, no wake-up of the loop to send.
         let result = await withUnsafeContinuation { (continuation: Answer) in
-            if channel.eventLoop.inEventLoop {
+            if socket.loop.inEventLoop {
                 handler.value.send(request, continuation)
             } else if writesDirectly {
                 if case .failure(let error) = line.send(request, .answer(continuation)) {
                     continuation.resume(returning: .failure(error))
                 }
             } else {
-                channel.eventLoop.execute { [handler] in handler.value.send(request, continuation) }
+                socket.loop.execute { [handler] in handler.value.send(request, continuation) }
             }
         }
         return try result.get()
@@ -160,7 +165,7 @@ public final class BrokerConnection: Sendable {
         _ request: ClientMessage, seen: @escaping AnswerSeen
     ) async throws(StoreBrokerError) -> ServerMessage {
         let result = await withUnsafeContinuation { (continuation: Answer) in
-            if channel.eventLoop.inEventLoop {
+            if socket.loop.inEventLoop {
                 handler.value.send(request, continuation, seen: seen)
             } else if writesDirectly {
                 if case .failure(let error) = line.send(request, .answerSeen(continuation, seen)) {
@@ -168,7 +173,7 @@ public final class BrokerConnection: Sendable {
                     continuation.resume(returning: .failure(error))
                 }
             } else {
-                channel.eventLoop.execute { [handler] in handler.value.send(request, continuation, seen: seen) }
+                socket.loop.execute { [handler] in handler.value.send(request, continuation, seen: seen) }
             }
         }
         return try result.get()
@@ -179,7 +184,7 @@ public final class BrokerConnection: Sendable {
     package func send(_ requests: [ClientMessage]) async throws(StoreBrokerError) -> [Result<ServerMessage, StoreBrokerError>] {
         let futures: [EventLoopFuture<ServerMessage>]
         do {
-            futures = try await channel.eventLoop.submit { [handler] in handler.value.send(requests) }.get()
+            futures = try await socket.loop.submit { [handler] in handler.value.send(requests) }.get()
         } catch {
             throw StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
         }
@@ -200,7 +205,7 @@ public final class BrokerConnection: Sendable {
     ) async throws(StoreBrokerError) -> BrokerSubscription {
         let request = ClientMessage.subscribe(.init(namespace: namespace, name: name, start: start))
         do {
-            return try await channel.eventLoop.flatSubmit { [handler] in handler.value.subscribe(request) }.get()
+            return try await socket.loop.flatSubmit { [handler] in handler.value.subscribe(request) }.get()
         } catch {
             throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
         }
@@ -216,7 +221,7 @@ public final class BrokerConnection: Sendable {
         _ namespace: Namespace = .store, name: String, from start: SubscriptionStart = .snapshot
     ) -> BoundedStream<Push, StoreBrokerError> {
         let handler = handler
-        let loop = channel.eventLoop
+        let loop = socket.loop
         let follow = Locked<FollowSubscription?>(nil)
         let (stream, feed) = BoundedStream<Push, StoreBrokerError>.make(capacity: pushBuffer) {
             guard let started = follow.withLock({ $0 }) else { return }
@@ -241,7 +246,7 @@ public final class BrokerConnection: Sendable {
     ) async throws(StoreBrokerError) -> UInt32 {
         let request = ClientMessage.subscribe(.init(namespace: namespace, name: name, start: start))
         do {
-            return try await channel.eventLoop.flatSubmit { [handler] in handler.value.subscribe(request, receiver: receiver) }.get()
+            return try await socket.loop.flatSubmit { [handler] in handler.value.subscribe(request, receiver: receiver) }.get()
         } catch {
             throw error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
         }
@@ -250,15 +255,21 @@ public final class BrokerConnection: Sendable {
     /// Ends a subscription by its id; its stream finishes (or its receiver is told).
     package func unsubscribe(id: UInt32) async throws(StoreBrokerError) {
         _ = try await send(.unsubscribe(.init(subscriptionID: id)))
-        channel.eventLoop.execute { [handler] in handler.value.finishStream(id, error: nil) }
+        socket.loop.execute { [handler] in handler.value.finishStream(id, error: nil) }
     }
 
     /// Whether the connection is still up (the broker has not closed it, nor has `close()` been called).
-    public var isOpen: Bool { channel.isActive }
+    public var isOpen: Bool { socket.isActive }
 
     /// Closes the connection; requests in flight fail with `connectionClosed`.
     public func close() async {
-        try? await channel.close()
+        let socket = socket
+        await withCheckedContinuation { (closed: CheckedContinuation<Void, Never>) in
+            socket.loop.execute {
+                socket.close(failure: nil)
+                closed.resume()
+            }
+        }
     }
 }
 
@@ -299,19 +310,16 @@ public struct BrokerSubscription: Sendable {
     public let pushes: BoundedStream<Push, StoreBrokerError>
 }
 
-/// The connection's protocol state, on its event loop.
-final class ClientHandler: ChannelInboundHandler {
-    typealias InboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
-
+/// The connection's protocol state, on the client's loop (`ClientLoop`), which hands it what its socket reads.
+final class ClientHandler {
     private var session: ClientSession
-    private var input = ByteBuffer()
-    private var context: ChannelHandlerContext?
+    /// The socket, while it is open.
+    private var socket: ClientSocket?
     /// Fulfilled by the broker's welcome; failed by anything that ends the connection before it.
     private var established: EventLoopPromise<BrokerConnection.Established>?
     /// Ids, what waits for each answer, and the way requests reach the socket (shared with the callers).
     let line: RequestLine
-    /// Answers read in this read cycle, resumed at its end (`channelReadComplete`).
+    /// Answers read in this read cycle, resumed at its end (`readComplete`).
     private var answered: [(BrokerConnection.Answer, Result<ServerMessage, StoreBrokerError>)] = []
     /// The list `resumeAnswered` last emptied, kept for the next read (no allocation per read).
     private var spareAnswered: [(BrokerConnection.Answer, Result<ServerMessage, StoreBrokerError>)] = []
@@ -353,42 +361,32 @@ final class ClientHandler: ChannelInboundHandler {
         self.established = established
     }
 
-    func handlerAdded(context: ChannelHandlerContext) {
-        self.context = context
-        let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
+    /// The loop serves the socket: says hello at once and, with a timeout, gives the broker that long to
+    /// welcome us.
+    func activate(_ socket: ClientSocket) {
+        self.socket = socket
+        let loop = NIOLoopBound(self, eventLoop: socket.loop)
         line.attach { bytes in loop.eventLoop.execute { loop.value.writeHandedOver(bytes) } }
-    }
-
-    /// Bytes the line could not write to the socket at once: the channel writes them, in order.
-    private func writeHandedOver(_ bytes: ByteBuffer) {
-        guard let context else { return line.channelWrote() }
-        let line = line
-        context.writeAndFlush(wrapOutboundOut(bytes)).whenComplete { _ in line.channelWrote() }
-    }
-
-    /// The context holds this handler: keeping it past removal would be a cycle that outlives the connection.
-    func handlerRemoved(context: ChannelHandlerContext) {
-        self.context = nil
-        established?.fail(StoreBrokerError(.connectionClosed, "the broker closed the connection before the handshake"))
-        established = nil
-    }
-
-    /// Connected: says hello at once and, with a timeout, gives the broker that long to welcome us.
-    func channelActive(context: ChannelHandlerContext) {
         do {
-            context.writeAndFlush(wrapOutboundOut(try session.hello()), promise: nil)
+            socket.write(try session.hello())
         } catch {
             fail(StoreBrokerError(.protocolViolation, error.message))
-            context.close(promise: nil)
+            socket.close(failure: nil)
+            return
         }
         if let handshakeTimeout {
-            let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
-            context.eventLoop.scheduleTask(in: handshakeTimeout) {
+            _ = socket.loop.scheduleTask(in: handshakeTimeout) {
                 guard loop.value.established != nil else { return }
                 loop.value.timedOut("the broker did not answer the handshake within \(Self.describe(handshakeTimeout))")
             }
         }
-        context.fireChannelActive()
+    }
+
+    /// Bytes the line could not write to the socket at once: the socket writes them, in order.
+    private func writeHandedOver(_ bytes: ByteBuffer) {
+        guard let socket else { return line.loopWrote() }
+        let line = line
+        socket.write(bytes) { line.loopWrote() }
     }
 
     static func describe(_ time: TimeAmount) -> String {
@@ -399,26 +397,25 @@ final class ClientHandler: ChannelInboundHandler {
     /// No answer in time: everything pending fails with `timedOut` and the connection closes.
     private func timedOut(_ message: String) {
         fail(StoreBrokerError(.timedOut, message))
-        context?.close(promise: nil)
+        socket?.close(failure: nil)
     }
 
-    /// The handler was removed from its closed channel: every call fails at once.
+    /// The socket has closed: every call fails at once.
     private static func closed<T>() -> EventLoopFuture<T> {
-        MultiThreadedEventLoopGroup.singleton.any().makeFailedFuture(
-            StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
+        ClientLoop.shared.makeFailedFuture(StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
     }
 
     /// Fails everything with `timedOut` once the oldest unanswered request is older than the timeout.
     private func watchOldest() {
-        guard timer == nil, let requestTimeout, let context else { return }
+        guard timer == nil, let requestTimeout, let socket else { return }
         while let oldest = unanswered.first, !line.isPending(oldest.id) { unanswered.removeFirst() }
         guard let oldest = unanswered.first else { return }
         let deadline = oldest.sent + requestTimeout
-        guard deadline > context.eventLoop.now else {
+        guard deadline > socket.loop.now else {
             return timedOut("the broker did not answer \(oldest.name) within \(Self.describe(requestTimeout))")
         }
-        let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
-        timer = context.eventLoop.scheduleTask(deadline: deadline) {
+        let loop = NIOLoopBound(self, eventLoop: socket.loop)
+        timer = socket.loop.scheduleTask(deadline: deadline) {
             loop.value.timer = nil
             loop.value.watchOldest()
         }
@@ -436,22 +433,22 @@ final class ClientHandler: ChannelInboundHandler {
     }
 
     func send(_ request: ClientMessage) -> EventLoopFuture<ServerMessage> {
-        guard let context else { return Self.closed() }
-        let promise = context.eventLoop.makePromise(of: ServerMessage.self)
+        guard let socket else { return Self.closed() }
+        let promise = socket.loop.makePromise(of: ServerMessage.self)
         write(request, .request(promise)) { promise.fail($0) }
         return promise.futureResult
     }
 
     /// Several requests in one write (pipelined, in this order).
     func send(_ requests: [ClientMessage]) -> [EventLoopFuture<ServerMessage>] {
-        guard let context else { return requests.map { _ in Self.closed() } }
-        let promises = requests.map { _ in context.eventLoop.makePromise(of: ServerMessage.self) }
+        guard let socket else { return requests.map { _ in Self.closed() } }
+        let promises = requests.map { _ in socket.loop.makePromise(of: ServerMessage.self) }
         let results = line.send(zip(requests, promises.map { Pending.request($0) }).map { ($0, $1) })
         for (index, result) in results.enumerated() {
             switch result {
             case .failure(let error): promises[index].fail(error)
             case .success(let id):
-                if requestTimeout != nil { unanswered.append((id, context.eventLoop.now, requests[index].type.name)) }
+                if requestTimeout != nil { unanswered.append((id, socket.loop.now, requests[index].type.name)) }
             }
         }
         if requestTimeout != nil { watchOldest() }
@@ -459,56 +456,42 @@ final class ClientHandler: ChannelInboundHandler {
     }
 
     func subscribe(_ request: ClientMessage) -> EventLoopFuture<BrokerSubscription> {
-        guard let context else { return Self.closed() }
-        let promise = context.eventLoop.makePromise(of: BrokerSubscription.self)
+        guard let socket else { return Self.closed() }
+        let promise = socket.loop.makePromise(of: BrokerSubscription.self)
         write(request, .subscribe(promise)) { promise.fail($0) }
         return promise.futureResult
     }
 
     func subscribe(_ request: ClientMessage, receiver: any PushReceiver) -> EventLoopFuture<UInt32> {
-        guard let context else { return Self.closed() }
-        let promise = context.eventLoop.makePromise(of: UInt32.self)
+        guard let socket else { return Self.closed() }
+        let promise = socket.loop.makePromise(of: UInt32.self)
         write(request, .subscribeDirect(promise, receiver)) { promise.fail($0) }
         return promise.futureResult
     }
 
     private func write(_ request: ClientMessage, _ entry: Pending, fail: (StoreBrokerError) -> Void) {
-        guard let context else { return fail(StoreBrokerError(.connectionClosed, "the connection to the broker closed")) }
+        guard let socket else { return fail(StoreBrokerError(.connectionClosed, "the connection to the broker closed")) }
         switch line.send(request, entry) {
         case .failure(let error): return fail(error)
         case .success(let id):
             if requestTimeout != nil {
-                unanswered.append((id, context.eventLoop.now, request.type.name))
+                unanswered.append((id, socket.loop.now, request.type.name))
                 watchOldest()
             }
         }
     }
 
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        var bytes = unwrapInboundIn(data)
-        // The usual read holds whole frames: they are read where NIO put them, and only a partial frame's bytes
-        // are copied to be kept (`input`) until the rest arrives.
-        guard input.readableBytes == 0 else {
-            input.writeBuffer(&bytes)
-            read(&input, context: context)
-            input.discardReadBytes()
-            return
-        }
-        read(&bytes, context: context)
-        if bytes.readableBytes > 0 { input.writeBuffer(&bytes) }
-    }
-
-    /// Takes the whole frames at the front of `buffer`.
-    private func read(_ buffer: inout ByteBuffer, context: ChannelHandlerContext) {
+    /// Takes the whole frames at the front of `buffer` (the socket keeps a partial frame until its rest arrives).
+    func read(_ buffer: inout ByteBuffer) {
         while let event = session.next(from: &buffer) {
             switch event {
             case .established(let welcome):
                 line.established(maxFrameLength: Int(welcome.maxFrameLength))
-                established?.succeed((welcome, NIOLoopBound(self, eventLoop: context.eventLoop)))
+                established?.succeed((welcome, NIOLoopBound(self, eventLoop: ClientLoop.shared)))
                 established = nil
             case .failed(let error):
                 fail(StoreBrokerError(established == nil ? .protocolViolation : .refused, code: error.code, error.message))
-                context.close(promise: nil)
+                socket?.close(failure: nil)
                 return
             case .message(let id, let message):
                 receive(id: id, message)
@@ -519,9 +502,8 @@ final class ClientHandler: ChannelInboundHandler {
     /// The answers of this read cycle go to their callers once every push in it has been handed on: a write's
     /// caller then finds a mirror that already holds the commit its answer acknowledges.
     /// A caller on this loop's `client.executor` goes on right after (`ReadyJobs`).
-    func channelReadComplete(context: ChannelHandlerContext) {
+    func readComplete() {
         ReadyJobs.run(after: resumeAnswered)
-        context.fireChannelReadComplete()
     }
 
     private func resumeAnswered() {
@@ -675,19 +657,21 @@ final class ClientHandler: ChannelInboundHandler {
         for sink in all.values { sink.finish(error) }
     }
 
-    func channelInactive(context: ChannelHandlerContext) {
+    /// The socket closed: by either side (`failure` nil), or on an error.
+    func closed(failure: CInt?) {
+        socket = nil
         line.close()
-        fail(StoreBrokerError(.connectionClosed, "the connection to the broker closed"))
-        context.fireChannelInactive()
-    }
-
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        if let error = error as? IOError, error.errnoCode == ECONNRESET || error.errnoCode == EPIPE {
-            // A broker that closes while our bytes are unread resets the connection: it is still a close.
-            fail(StoreBrokerError(.connectionClosed, "the broker closed the connection (reset)", underlying: error))
-        } else {
-            fail(StoreBrokerError(.connectionClosed, "connection error: \(error)", underlying: error))
-        }
-        context.close(promise: nil)
+        let message =
+            if let failure, failure == ECONNRESET || failure == EPIPE {
+                // A broker that closes while our bytes are unread resets the connection: it is still a close.
+                "the broker closed the connection (reset)"
+            } else if let failure {
+                "connection error: \(String(cString: strerror(failure)))"
+            } else if established != nil {
+                "the broker closed the connection before the handshake"
+            } else {
+                "the connection to the broker closed"
+            }
+        fail(StoreBrokerError(.connectionClosed, message))
     }
 }

@@ -8,14 +8,11 @@ import Wire
 /// The one way a connection's requests reach the socket, from any thread, in the order of their ids, and
 /// the requests waiting for their answers.
 ///
-/// A caller that is not on the connection's event loop writes its request to the socket itself (`send(2)` on a
-/// descriptor of the line's own, under the line's lock), so a request costs the event loop no wake-up: the
-/// loop only reads, and wakes once per answer, as a client written around one thread does. Bytes that do not
-/// fit in the socket go to the channel, and every later request after them, until the channel has written
-/// them: the frames never interleave and leave in id order.
-///
-/// Without a descriptor of its own (the socket could not be connected that way), every request goes through
-/// the channel, on the event loop.
+/// A caller writes its request to the socket itself (`send(2)` on a descriptor of the line's own, under the
+/// line's lock), so a request costs the client's loop no wake-up: the loop only reads, and wakes once per
+/// answer, as a client written around one thread does. Bytes that do not fit in the socket go to the loop
+/// (`ClientSocket.write`), and every later request after them, until the loop has written them: the frames
+/// never interleave and leave in id order.
 final class RequestLine: Sendable {
     /// What a request is waiting with: resumed or completed on the event loop when its answer is read.
     enum Pending {
@@ -30,9 +27,9 @@ final class RequestLine: Sendable {
     }
 
     private struct State {
-        /// The line's own descriptor of the socket (the channel has another), -1 when it has none or it is closed.
+        /// The line's own descriptor of the socket (the loop reads another), -1 once it is closed.
         var descriptor: CInt
-        /// Writes handed to the channel and not yet written: while any is, later ones follow the same way.
+        /// Writes handed to the loop and not yet written: while any is, later ones follow the same way.
         var queued = 0
         var nextID: UInt32 = 1
         var pending: [UInt32: Pending] = [:]
@@ -40,8 +37,8 @@ final class RequestLine: Sendable {
         var failure: StoreBrokerError?
         /// The largest frame the broker accepts (from its welcome).
         var maxFrameLength = WireProtocol.handshakeMaxFrameLength
-        /// Hands bytes to the channel, on the event loop (set once the handler exists).
-        var channelWriter: (@Sendable (ByteBuffer) -> Void)?
+        /// Hands bytes to the loop's socket (set once the handler serves it).
+        var loopWriter: (@Sendable (ByteBuffer) -> Void)?
         /// The bytes of the last write, kept for the next (its storage is reused when the socket took them all).
         var scratch: ByteBuffer?
         /// The largest scratch buffer kept: a connection does not hold on to the memory of its biggest write.
@@ -55,7 +52,7 @@ final class RequestLine: Sendable {
         }
 
         /// Writes `out` (the requests `registered`, registered already) to the socket from the caller's thread
-        /// when nothing waits in the channel before it, and what does not fit to the channel; false when the
+        /// when nothing waits in the loop before it, and what does not fit to the loop; false when the
         /// connection is closed (the requests are then taken out of `pending`).
         mutating func write(_ out: consuming ByteBuffer, registered: (inout [UInt32: Pending]) -> Void) -> Bool {
             if queued == 0, descriptor >= 0 {
@@ -67,10 +64,10 @@ final class RequestLine: Sendable {
                     if out.capacity <= Self.scratchCapacity { scratch = out }
                     return true
                 }
-                // The socket is full (or failing: the channel then finds out and fails what is pending).
+                // The socket is full (or failing: the loop then finds out and fails what is pending).
                 if written > 0 { out.moveReaderIndex(forwardBy: written) }
             }
-            guard let handOff = channelWriter else {
+            guard let handOff = loopWriter else {
                 registered(&pending)
                 return false
             }
@@ -81,12 +78,9 @@ final class RequestLine: Sendable {
     }
 
     private let state: Locked<State>
-    /// Whether requests may be written from the caller's thread.
-    let writesDirectly: Bool
 
     init(descriptor: CInt) {
         state = Locked(State(descriptor: descriptor))
-        writesDirectly = descriptor >= 0
     }
 
     deinit {
@@ -95,10 +89,10 @@ final class RequestLine: Sendable {
         }
     }
 
-    /// How bytes reach the channel when the socket is full (or the line has no descriptor): called on the
-    /// event loop by the handler's writer; it must call `channelWrote()` once each is written or failed.
+    /// How bytes reach the loop's socket when the socket is full: called by the handler's writer, which must
+    /// call `loopWrote()` once each is written or dropped.
     func attach(_ writer: @escaping @Sendable (ByteBuffer) -> Void) {
-        state.withLock { $0.channelWriter = writer }
+        state.withLock { $0.loopWriter = writer }
     }
 
     func established(maxFrameLength: Int) {
@@ -158,8 +152,8 @@ final class RequestLine: Sendable {
         }
     }
 
-    /// A write handed to the channel is done (written or failed).
-    func channelWrote() {
+    /// A write handed to the loop is done (written or dropped).
+    func loopWrote() {
         state.withLock { $0.queued -= 1 }
     }
 
@@ -181,7 +175,7 @@ final class RequestLine: Sendable {
         }
     }
 
-    /// The channel has closed: the line's descriptor closes too (nothing more is written through it).
+    /// The socket has closed: the line's descriptor closes too (nothing more is written through it).
     func close() {
         state.withLock { state in
             if state.descriptor >= 0 { Glibc.close(state.descriptor) }
@@ -189,28 +183,35 @@ final class RequestLine: Sendable {
         }
     }
 
-    /// Connects a Unix socket without waiting (a connect that would wait, or fails, returns nil: the caller
-    /// then connects through the channel, which reports the error).
-    static func connect(unixDomainSocketPath path: String) -> CInt? {
+    /// What connecting a socket gave: a connected descriptor, or the `errno` it failed with.
+    enum Connected {
+        case connected(CInt)
+        case failed(CInt)
+    }
+
+    /// Connects a Unix socket without waiting (non-blocking and close-on-exec). A full backlog fails with
+    /// `EAGAIN`: the caller tries again.
+    static func connect(unixDomainSocketPath path: String) -> Connected {
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         let capacity = MemoryLayout.size(ofValue: address.sun_path)
-        guard path.utf8.count < capacity else { return nil }
+        guard path.utf8.count < capacity else { return .failed(ENAMETOOLONG) }
         withUnsafeMutableBytes(of: &address.sun_path) { raw in
             raw.copyBytes(from: path.utf8)
             raw[path.utf8.count] = 0
         }
         let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard descriptor >= 0 else { return nil }
+        guard descriptor >= 0 else { return .failed(errno) }
         let status = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
                 Glibc.connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
             }
         }
         guard status == 0 else {
+            let failure = errno
             Glibc.close(descriptor)
-            return nil
+            return .failed(failure)
         }
-        return descriptor
+        return .connected(descriptor)
     }
 }
