@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Is the Swift client library at HEAD cheaper per request than at COMMIT? Builds `broker-bench` twice from HEAD's
-# harness: once with COMMIT's client library (Sources/StoreBrokerClient and Sources/Wire checked out from COMMIT;
+# harness: once with COMMIT's client library (Sources/StoreBrokerClient, Sources/Wire and Package.swift, for the
+# library's dependencies, checked out from COMMIT;
 # it stops with the compiler's error if HEAD's harness no longer builds against them), once with HEAD's. Then
 # ROUNDS times, each on a fresh memory-engine daemon (HEAD's) pinned to the first CPU this shell may use: the load
 # generator (1,000 sequential inserts), then each build's `--library` shapes (5,000 sequential inserts each), the
@@ -23,7 +24,7 @@ fi
 source scripts/setup.sh
 
 work=$(mktemp -d /tmp/storebroker-ab-library.XXXXXX)
-library=(Sources/StoreBrokerClient Sources/Wire)
+library=(Sources/StoreBrokerClient Sources/Wire Package.swift)
 restore() { # COMMIT: the library's files as they are at COMMIT (working tree only; the index untouched)
     git restore --source="$1" --worktree -- "${library[@]}"
     git clean -qfd -- "${library[@]}"
