@@ -1,0 +1,84 @@
+import Dispatch
+import Foundation
+import NIOCore
+@testable import StoreBrokerClient
+import StoreBrokerTesting
+import Synchronization
+import Testing
+
+/// The client's own loop (`ClientLoop`): its tasks and timers, and its sockets' reads and writes.
+@Suite struct ClientLoopBehaviour {
+    @Test func timersRunInDeadlineOrderOnTheLoopAndACancelledOneNever() async throws {
+        let loop = ClientLoop.shared
+        let order = Mutex<[Int]>([])
+        func note(_ n: Int) -> @Sendable () -> Void {
+            { order.withLock { $0.append(loop.inEventLoop ? n : -n) } }
+        }
+        let late = loop.scheduleTask(in: .milliseconds(60), note(3))
+        let cancelled = loop.scheduleTask(in: .milliseconds(30), note(99))
+        let early = loop.scheduleTask(in: .milliseconds(10), note(1))
+        let middle = loop.scheduleTask(in: .milliseconds(40), note(2))
+        cancelled.cancel()
+        try await early.futureResult.get()
+        try await middle.futureResult.get()
+        try await late.futureResult.get()
+        await #expect(throws: EventLoopError.self) { try await cancelled.futureResult.get() }
+        #expect(order.withLock { $0 } == [1, 2, 3])
+    }
+
+    @Test func tasksFromManyThreadsAllRunOnTheLoopInEachThreadsOrder() async throws {
+        let loop = ClientLoop.shared
+        let seen = Mutex<(next: [Int], wrong: Int)>(([0, 0, 0, 0], 0))
+        // From plain threads (never block the cooperative pool): 4 × 10,000 tasks at once.
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            Thread {
+                DispatchQueue.concurrentPerform(iterations: 4) { thread in
+                    for n in 0..<10_000 {
+                        loop.execute {
+                            seen.withLock { seen in
+                                if !loop.inEventLoop || seen.next[thread] != n { seen.wrong += 1 }
+                                seen.next[thread] = n + 1
+                            }
+                        }
+                    }
+                }
+                done.resume()
+            }.start()
+        }
+        // Submitted after every task above: it runs after them.
+        try await loop.submit {}.get()
+        let result = seen.withLock { $0 }
+        #expect(result.next == [10_000, 10_000, 10_000, 10_000])
+        #expect(result.wrong == 0)
+    }
+
+    /// A request bigger than the socket's buffer is written partly by its caller and the rest by the loop as
+    /// the socket drains; pipelined ones are written by the loop; a 16 MB answer arrives over many reads.
+    @Test func writesBiggerThanTheSocketAndAnswersOfManyReadsArriveWhole() async throws {
+        try await withTemporaryBroker(engine: "memory") { client in
+            let connection = try await client.connection()
+            func item(_ n: Int) -> Item {
+                let letter = Character(UnicodeScalar(UInt8(ascii: "a") + UInt8(n % 26)))
+                return Item(id: ItemID("big-\(n)"), payload: Payload("\"" + String(repeating: letter, count: 1_000_000) + "\""))
+            }
+            let first = try await connection.write("big", .insert((0..<8).map(item)))
+            #expect(first.committed)
+            let pipelined = try await connection.write(
+                "big", pipelined: stride(from: 8, to: 16, by: 2).map { (.insert([item($0), item($0 + 1)]), .unconditional) })
+            #expect(pipelined.allSatisfy { (try? $0.get())?.committed == true })
+            // Small requests right behind the big ones keep their order.
+            #expect(try await connection.count("big").value == 16)
+            let records = try await connection.records("big").value
+            #expect(records.map(\.id) == (0..<16).map { ItemID("big-\($0)") })
+            #expect(records.map(\.payload) == (0..<16).map { item($0).payload })
+        }
+    }
+
+    @Test func aSocketPathTooLongIsCannotConnectSayingSo() async throws {
+        let error = await #expect(throws: StoreBrokerError.self) {
+            try await BrokerConnection.connect(socketPath: "/tmp/" + String(repeating: "x", count: 200), clientName: "t")
+        }
+        #expect(error?.kind == .cannotConnect)
+        #expect(error?.message.contains("too long") == true)
+    }
+}
