@@ -26,15 +26,15 @@ final class RequestLine: Sendable {
         case subscribeFollow(FollowSubscription)
     }
 
-    private struct State {
+    /// The writing side, locked while a request is encoded and written (its `send(2)` included), so frames
+    /// leave whole and in id order.
+    private struct Writer {
         /// The line's own descriptor of the socket (the loop reads another), -1 once it is closed.
         var descriptor: CInt
         /// Writes handed to the loop and not yet written: while any is, later ones follow the same way.
         var queued = 0
+        /// The next request's id (only writers take ids).
         var nextID: UInt32 = 1
-        var pending: [UInt32: Pending] = [:]
-        /// Set once the connection has failed: every later request fails with it.
-        var failure: StoreBrokerError?
         /// The largest frame the broker accepts (from its welcome).
         var maxFrameLength = WireProtocol.handshakeMaxFrameLength
         /// Hands bytes to the loop's socket (set once the handler serves it).
@@ -51,10 +51,14 @@ final class RequestLine: Sendable {
             return out
         }
 
-        /// Writes `out` (the requests `registered`, registered already) to the socket from the caller's thread
-        /// when nothing waits in the loop before it, and what does not fit to the loop; false when the
-        /// connection is closed (the requests are then taken out of `pending`).
-        mutating func write(_ out: consuming ByteBuffer, registered: (inout [UInt32: Pending]) -> Void) -> Bool {
+        /// Takes the next id.
+        mutating func takeID() {
+            nextID = nextID == UInt32.max ? 1 : nextID + 1
+        }
+
+        /// Writes `out` (its requests registered already) to the socket from the caller's thread when nothing
+        /// waits in the loop before it, and what does not fit to the loop; false when the connection is closed.
+        mutating func write(_ out: consuming ByteBuffer) -> Bool {
             if queued == 0, descriptor >= 0 {
                 let written = out.withUnsafeReadableBytes { bytes in
                     Glibc.send(descriptor, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
@@ -67,54 +71,63 @@ final class RequestLine: Sendable {
                 // The socket is full (or failing: the loop then finds out and fails what is pending).
                 if written > 0 { out.moveReaderIndex(forwardBy: written) }
             }
-            guard let handOff = loopWriter else {
-                registered(&pending)
-                return false
-            }
+            guard let handOff = loopWriter else { return false }
             queued += 1
             handOff(out)
             return true
         }
     }
 
-    private let state: Locked<State>
+    /// The requests waiting for answers, under a lock of their own that is never held across a system call:
+    /// the loop reading an answer never waits for a caller in `send(2)` (on one core, a caller preempted there
+    /// by the broker it had just woken held the loop up until it ran again: 5% of the client's time).
+    private struct Table {
+        var pending: [UInt32: Pending] = [:]
+        /// Set once the connection has failed: every later request fails with it.
+        var failure: StoreBrokerError?
+    }
+
+    private let writer: Locked<Writer>
+    private let table = Locked(Table())
 
     init(descriptor: CInt) {
-        state = Locked(State(descriptor: descriptor))
+        writer = Locked(Writer(descriptor: descriptor))
     }
 
     deinit {
-        state.withLock { state in
-            if state.descriptor >= 0 { Glibc.close(state.descriptor) }
+        writer.withLock { writer in
+            if writer.descriptor >= 0 { Glibc.close(writer.descriptor) }
         }
     }
 
     /// How bytes reach the loop's socket when the socket is full: called by the handler's writer, which must
     /// call `loopWrote()` once each is written or dropped.
-    func attach(_ writer: @escaping @Sendable (ByteBuffer) -> Void) {
-        state.withLock { $0.loopWriter = writer }
+    func attach(_ loopWriter: @escaping @Sendable (ByteBuffer) -> Void) {
+        writer.withLock { $0.loopWriter = loopWriter }
     }
 
     func established(maxFrameLength: Int) {
-        state.withLock { $0.maxFrameLength = maxFrameLength }
+        writer.withLock { $0.maxFrameLength = maxFrameLength }
     }
 
     /// Registers `entry` under the next id and writes `request`; returns the id, or the failure (nothing was
     /// registered or written).
     func send(_ request: ClientMessage, _ entry: Pending) -> Result<UInt32, StoreBrokerError> {
         // `send(_:)` for one request, without its lists: a request here is the usual write.
-        state.withLock { state -> Result<UInt32, StoreBrokerError> in
-            if let failure = state.failure { return .failure(failure) }
-            var out = state.takeScratch()
-            let id = state.nextID
+        writer.withLock { writer -> Result<UInt32, StoreBrokerError> in
+            var out = writer.takeScratch()
+            let id = writer.nextID
             do throws(WireError) {
-                try request.encode(id: id, maxFrameLength: state.maxFrameLength, into: &out)
+                try request.encode(id: id, maxFrameLength: writer.maxFrameLength, into: &out)
             } catch {
                 return .failure(StoreBrokerError(.protocolViolation, code: error.code, error.message))
             }
-            state.nextID = id == UInt32.max ? 1 : id + 1
-            state.pending[id] = entry
-            guard state.write(out, registered: { $0[id] = nil }) else { return .failure(Self.closed) }
+            if let failure = register([(id, entry)]) { return .failure(failure) }
+            writer.takeID()
+            guard writer.write(out) else {
+                // Taken back, unless the connection's failure took it first (and told its waiter).
+                return unregister(id) ? .failure(Self.closed) : .success(id)
+            }
             return .success(id)
         }
     }
@@ -124,62 +137,76 @@ final class RequestLine: Sendable {
     /// Registers and writes several requests back to back, in one write (pipelined, in this order); each gets
     /// its id or its failure (a request that cannot be encoded fails alone).
     func send(_ requests: some Collection<(ClientMessage, Pending)>) -> [Result<UInt32, StoreBrokerError>] {
-        state.withLock { state -> [Result<UInt32, StoreBrokerError>] in
-            if let failure = state.failure { return requests.map { _ in .failure(failure) } }
+        writer.withLock { writer -> [Result<UInt32, StoreBrokerError>] in
             var results: [Result<UInt32, StoreBrokerError>] = []
             results.reserveCapacity(requests.count)
-            var registered: [UInt32] = []
-            registered.reserveCapacity(requests.count)
-            var out = state.takeScratch()
+            var encoded: [(UInt32, Pending)] = []
+            encoded.reserveCapacity(requests.count)
+            var out = writer.takeScratch()
             for (request, entry) in requests {
-                let id = state.nextID
+                let id = writer.nextID
                 do throws(WireError) {
-                    try request.encode(id: id, maxFrameLength: state.maxFrameLength, into: &out)
+                    try request.encode(id: id, maxFrameLength: writer.maxFrameLength, into: &out)
                 } catch {
                     results.append(.failure(StoreBrokerError(.protocolViolation, code: error.code, error.message)))
                     continue
                 }
-                state.nextID = id == UInt32.max ? 1 : id + 1
-                state.pending[id] = entry
-                registered.append(id)
+                writer.takeID()
+                encoded.append((id, entry))
                 results.append(.success(id))
             }
-            guard out.readableBytes > 0 else { return results }
-            guard state.write(out, registered: { pending in for id in registered { pending[id] = nil } }) else {
-                return results.map { $0.flatMap { _ in .failure(Self.closed) } }
+            guard !encoded.isEmpty else { return results }
+            if let failure = register(encoded) { return results.map { _ in .failure(failure) } }
+            guard writer.write(out) else {
+                // Taken back, unless the connection's failure took them first (and told their waiters).
+                return results.map { $0.flatMap { unregister($0) ? .failure(Self.closed) : .success($0) } }
             }
             return results
         }
     }
 
+    /// Makes `entries` wait for their answers, unless the connection has failed (then its failure).
+    private func register(_ entries: [(UInt32, Pending)]) -> StoreBrokerError? {
+        table.withLock { table in
+            if let failure = table.failure { return failure }
+            for (id, entry) in entries { table.pending[id] = entry }
+            return nil
+        }
+    }
+
+    /// Whether `id` was still waiting (it no longer is).
+    private func unregister(_ id: UInt32) -> Bool {
+        table.withLock { $0.pending.removeValue(forKey: id) != nil }
+    }
+
     /// A write handed to the loop is done (written or dropped).
     func loopWrote() {
-        state.withLock { $0.queued -= 1 }
+        writer.withLock { $0.queued -= 1 }
     }
 
     /// The request `id` was answered: what waited for it (nil when nothing did).
     func answered(_ id: UInt32) -> Pending? {
-        state.withLock { $0.pending.removeValue(forKey: id) }
+        table.withLock { $0.pending.removeValue(forKey: id) }
     }
 
     func isPending(_ id: UInt32) -> Bool {
-        state.withLock { $0.pending[id] != nil }
+        table.withLock { $0.pending[id] != nil }
     }
 
     /// The connection failed: later requests fail with `error`; returns what was waiting.
     func fail(_ error: StoreBrokerError) -> [Pending] {
-        state.withLock { state in
-            if state.failure == nil { state.failure = error }
-            defer { state.pending = [:] }
-            return Array(state.pending.values)
+        table.withLock { table in
+            if table.failure == nil { table.failure = error }
+            defer { table.pending = [:] }
+            return Array(table.pending.values)
         }
     }
 
     /// The socket has closed: the line's descriptor closes too (nothing more is written through it).
     func close() {
-        state.withLock { state in
-            if state.descriptor >= 0 { Glibc.close(state.descriptor) }
-            state.descriptor = -1
+        writer.withLock { writer in
+            if writer.descriptor >= 0 { Glibc.close(writer.descriptor) }
+            writer.descriptor = -1
         }
     }
 
