@@ -10,7 +10,8 @@
 # same round, and the median client CPU per insert. Needs a clean working tree (it checks files out in place,
 # for an incremental build, and puts them back).
 #
-#   ./scripts/bench-ab-library.sh COMMIT [ROUNDS] [SHAPES]   (ROUNDS 8; SHAPES executor,remotestore,client_executor)
+#   ./scripts/bench-ab-library.sh COMMIT [ROUNDS] [SHAPES]   (ROUNDS 8; SHAPES executor,remotestore,client_executor;
+#   mirror adds its events-per-second figures)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ $# -ge 1 ] || { echo "usage: $0 COMMIT [ROUNDS] [SHAPES]" >&2; exit 64; }
@@ -51,6 +52,7 @@ work, rounds, shapes = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cpu = sorted(os.sched_getaffinity(0))[0]
 pin = lambda: os.sched_setaffinity(0, {cpu})
 rows = {}  # (shape, side) -> [(p50, ratio, cpu)]
+rates = {}  # (figure, side) -> [per second] (the mirror shape's)
 for round in range(rounds):
     run = tempfile.mkdtemp(prefix="storebroker-ab-library-run.")
     sock = os.path.join(run, "s.sock")
@@ -71,6 +73,8 @@ for round in range(rounds):
             out = subprocess.run([os.path.join(work, f"broker-bench-{side}"), "--library", sock, "--shapes", shapes,
                                   "--count", "5000"], capture_output=True, text=True, check=True, preexec_fn=pin).stdout
             figures = dict(line.split() for line in out.splitlines() if line.strip())
+            for key, rate in figures.items():
+                if key.endswith("_per_s"): rates.setdefault((key, side), []).append(float(rate))
             for key, p50 in figures.items():
                 if not key.endswith("_p50_us"): continue
                 shape = key[:-len("_p50_us")]
@@ -84,4 +88,6 @@ print(f"{'shape':24} {'side':7} {'p50 µs':>8} {'/ generator':>12} {'client CPU 
 for (shape, side), figures in sorted(rows.items()):
     p50, ratio, used = (statistics.median(f[i] for f in figures) for i in range(3))
     print(f"{shape:24} {side:7} {p50:8.1f} {ratio:11.2f}x {used:14.1f}")
+for (figure, side), values in sorted(rates.items()):
+    print(f"{figure:32} {side:7} {statistics.median(values):12,.0f}")
 EOF
