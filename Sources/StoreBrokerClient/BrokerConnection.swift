@@ -102,16 +102,16 @@ public final class BrokerConnection: Sendable {
     }
 
     /// A connected socket to `path`. A full backlog (the broker is slow to accept) is tried again until `within`
-    /// has passed (for ever without it); any other failure is `cannotConnect` with the system's reason.
+    /// has passed (10 s without it); any other failure is `cannotConnect` with the system's reason.
     private static func connectSocket(_ path: String, within limit: Duration?) async throws(StoreBrokerError) -> CInt {
         let clock = ContinuousClock()
-        let deadline = limit.map { clock.now + $0 }
+        let deadline = clock.now + (limit ?? .seconds(10))
         while true {
             switch RequestLine.connect(unixDomainSocketPath: path) {
             case .connected(let descriptor):
                 return descriptor
             case .failed(let failure) where failure == EAGAIN:
-                if let deadline, clock.now >= deadline {
+                if clock.now >= deadline {
                     throw StoreBrokerError(
                         .cannotConnect, "cannot connect to the broker at \(path): it did not accept the connection in time")
                 }

@@ -231,6 +231,7 @@ final class ClientSocket: @unchecked Sendable {
     /// The socket is ready (`poll`'s `revents`).
     func serve(_ revents: Int16) {
         guard !closed else { return }
+        if revents & Int16(POLLNVAL) != 0 { return close(failure: EBADF) }  // never polled again
         if revents & Int16(POLLOUT) != 0 { flush() }
         if !closed, revents & (Int16(POLLIN) | Int16(POLLHUP) | Int16(POLLERR)) != 0 { readAvailable() }
     }

@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Dispatch
 import Foundation
 import NIOCore
@@ -80,5 +83,47 @@ import Testing
         }
         #expect(error?.kind == .cannotConnect)
         #expect(error?.message.contains("too long") == true)
+    }
+
+    /// A listener whose backlog is full (it never accepts): connecting is tried again until the limit, then
+    /// fails as `cannotConnect` saying so; nothing hangs.
+    @Test func aFullBacklogIsTriedUntilTheLimitThenCannotConnect() async throws {
+        let path = "/tmp/storebroker-backlog-\(UInt64.random(in: 0..<1 << 60)).sock"
+        let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: path.utf8)
+            raw[path.utf8.count] = 0
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        #expect(bound == 0)
+        #expect(listen(listener, 0) == 0)
+        defer {
+            close(listener)
+            unlink(path)
+        }
+        // Fill the backlog.
+        var fillers: [CInt] = []
+        defer { for filler in fillers { close(filler) } }
+        for _ in 0..<64 {
+            guard case .connected(let filler) = RequestLine.connect(unixDomainSocketPath: path) else { break }
+            fillers.append(filler)
+        }
+        guard case .failed(EAGAIN) = RequestLine.connect(unixDomainSocketPath: path) else {
+            Issue.record("the backlog did not fill")
+            return
+        }
+        let clock = ContinuousClock()
+        let start = clock.now
+        let error = await #expect(throws: StoreBrokerError.self) {
+            try await BrokerConnection.connect(socketPath: path, clientName: "t", handshakeTimeout: .milliseconds(300))
+        }
+        #expect(error?.kind == .cannotConnect)
+        #expect(error?.message.contains("did not accept the connection in time") == true)
+        #expect(clock.now - start >= .milliseconds(300))
+        #expect(clock.now - start < .seconds(5))
     }
 }
