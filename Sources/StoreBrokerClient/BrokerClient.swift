@@ -20,7 +20,7 @@ public final class BrokerClient: Sendable {
     /// How many events (a store's) or values a stream holds for a reader that has not taken them; past that a
     /// store's stream lags (`lagged`, then a fresh `loaded`) and a value's keeps the newest.
     public let eventBuffer: Int
-    /// Runs a task's jobs on the thread that serves this client's connection (its event loop), for a task that
+    /// Runs a task's jobs on the thread that serves the process's connections (`ClientLoop`), for a task that
     /// makes requests one after another (an import, a sync agent, a benchmark):
     ///
     /// ```swift
@@ -29,10 +29,9 @@ public final class BrokerClient: Sendable {
     /// }
     /// ```
     ///
-    /// Elsewhere each request crosses from the caller's thread to the connection's and back, two hand-offs
-    /// between threads; on this executor it crosses none. What runs there holds up the connection's reads and
-    /// writes (and any other connection on the same loop) while it runs: keep long computations and blocking
-    /// calls off it.
+    /// Elsewhere the caller writes its request and the answer resumes it from the loop's thread, one hand-off
+    /// between threads per request; on this executor there is none. What runs there holds up the reads of every
+    /// connection of the process while it runs: keep long computations and blocking calls off it.
     public let executor: any TaskExecutor
     /// The loop every connection of this client (of the process) is served on.
     let eventLoop: any EventLoop
