@@ -152,8 +152,7 @@ final class ClientLoop: EventLoop, @unchecked Sendable {  // the queue under its
                 }
             }
             polledSockets.removeAll(keepingCapacity: true)
-            runTimers()
-            runTasks()
+            runTimersAndTasks()
         }
     }
 
@@ -173,22 +172,22 @@ final class ClientLoop: EventLoop, @unchecked Sendable {  // the queue under its
         }
     }
 
-    private func runTimers() {
-        let now = NIODeadline.now()
-        let due = queue.withLock { queue -> [Timer] in
-            guard let first = queue.timers.first, first.deadline <= now else { return [] }
-            let end = queue.timers.firstIndex { $0.deadline > now } ?? queue.timers.endIndex
-            defer { queue.timers.removeSubrange(..<end) }
-            return Array(queue.timers[..<end])
+    /// Runs the timers that are due, then the tasks queued (taken in one turn of the lock; the clock is read
+    /// only when there are timers).
+    private func runTimersAndTasks() {
+        let (due, tasks) = queue.withLock { queue -> ([Timer], [@Sendable () -> Void]) in
+            var due: [Timer] = []
+            if let first = queue.timers.first, first.deadline <= .now() {
+                let now = NIODeadline.now()
+                let end = queue.timers.firstIndex { $0.deadline > now } ?? queue.timers.endIndex
+                due = Array(queue.timers[..<end])
+                queue.timers.removeSubrange(..<end)
+            }
+            guard !queue.tasks.isEmpty else { return (due, []) }
+            defer { queue.tasks = [] }
+            return (due, queue.tasks)
         }
         for timer in due { timer.run() }
-    }
-
-    private func runTasks() {
-        let tasks = queue.withLock { queue -> [@Sendable () -> Void] in
-            defer { queue.tasks = [] }
-            return queue.tasks
-        }
         for task in tasks { task() }
     }
 }
