@@ -12,8 +12,8 @@ import PackageDescription
 //   EngineLoader      finds and dlopens storage engines
 //   EngineConformance the engine contract as checks (storebroker-engine-check and the tests run it)
 //   BrokerServer      the daemon: the Unix socket (NIOPosix), connections, paths, start-up and shutdown
-//   StoreBrokerClient the client connection (NIOPosix): typed calls over StoreModel, what storectl and
-//                     applications use; Wire stays behind it
+//   StoreBrokerClient the client connection (its own poll thread, NIOCore buffers and futures): typed calls
+//                     over StoreModel, what storectl and applications use; Wire stays behind it
 //   storebrokerd, storectl, wiredump   thin executables
 // Release builds of the modules on the request path skip the runtime exclusivity checks (`swift_beginAccess` on
 // every access to a class's stored property, and in NIO's `ByteBuffer` code inlined into ours): 7.6% of the

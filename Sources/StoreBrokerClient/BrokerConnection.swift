@@ -182,21 +182,20 @@ public final class BrokerConnection: Sendable {
     /// Sends several requests back to back (pipelined, in this order) and returns their outcomes in the same
     /// order; one failing does not stop the others.
     package func send(_ requests: [ClientMessage]) async throws(StoreBrokerError) -> [Result<ServerMessage, StoreBrokerError>] {
-        let futures: [EventLoopFuture<ServerMessage>]
+        // One hand-off each way for the whole batch: the loop writes the requests and gathers every answer (a
+        // hop back per answer made a window of 500 writes 500 round trips between the caller's thread and the loop).
+        let loop = socket.loop
+        let outcomes: [Result<ServerMessage, any Error>]
         do {
-            futures = try await socket.loop.submit { [handler] in handler.value.send(requests) }.get()
+            outcomes = try await loop.flatSubmit { [handler] in
+                EventLoopFuture.whenAllComplete(handler.value.send(requests), on: loop)
+            }.get()
         } catch {
             throw StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
         }
-        var results: [Result<ServerMessage, StoreBrokerError>] = []
-        for future in futures {
-            do {
-                results.append(.success(try await future.get()))
-            } catch {
-                results.append(.failure(error as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\(error)", underlying: error)))
-            }
+        return outcomes.map { outcome in
+            outcome.mapError { $0 as? StoreBrokerError ?? StoreBrokerError(.connectionClosed, "\($0)", underlying: $0) }
         }
-        return results
     }
 
     /// Subscribes; the pushes arrive on the returned subscription's `pushes`, in order.

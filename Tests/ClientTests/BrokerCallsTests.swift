@@ -60,6 +60,26 @@ private func item(_ id: String) -> Item { Item(id: ItemID(id), payload: Payload(
         }
     }
 
+    /// Pipelined writes: one hand-off for the batch, the outcomes in order, one refusal among them alone.
+    @Test func pipelinedWritesAnswerInOrderAndARefusalStaysItsOwn() async throws {
+        try await withTemporaryBroker(engine: "memory") { client in
+            let connection = try await client.connection()
+            func note(_ n: Int) -> Item { Item(id: ItemID("\(n)"), payload: Payload(#"{"n":\#(n)}"#)) }
+            let outcomes = try await connection.write(
+                "notes",
+                pipelined: [
+                    (.insert([note(1)]), .unconditional), (.insert([note(2)]), .sequence(999)),
+                    (.insert([note(3)]), .unconditional),
+                ] + (4..<500).map { (.insert([note($0)]), .unconditional) })
+            #expect(outcomes.count == 499)
+            #expect((try? outcomes[0].get())?.sequence == 1)
+            #expect((try? outcomes[1].get()) == nil)
+            if case .failure(let error) = outcomes[1] { #expect(error.isConflict) }
+            #expect(outcomes[2...].map { (try? $0.get())?.sequence } == (2..<499).map { UInt64($0) })
+            #expect(try await connection.count("notes").value == 498)
+        }
+    }
+
     /// No broker: the error says so, keeps the socket's own error as its cause and where it was decided.
     @Test func noBrokerIsCannotConnectWithItsCause() async throws {
         let error = await #expect(throws: StoreBrokerError.self) {
