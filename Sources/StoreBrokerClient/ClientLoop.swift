@@ -208,6 +208,8 @@ final class ClientSocket: @unchecked Sendable {
     private let active = Atomic<Bool>(true)
     /// The read buffer a socket keeps between reads: bigger ones (a large answer's) are let go once read.
     static let keptInputCapacity = 256 * 1024
+    /// The most reads of one socket per turn of the loop.
+    static let readsPerTurn = 16
 
     init(descriptor: CInt, loop: ClientLoop, handler: ClientHandler) {
         self.descriptor = descriptor
@@ -235,12 +237,15 @@ final class ClientSocket: @unchecked Sendable {
         if !closed, revents & (Int16(POLLIN) | Int16(POLLHUP) | Int16(POLLERR)) != 0 { readAvailable() }
     }
 
-    /// Reads until the socket has nothing more, handing the handler each read's whole frames; then tells it the
-    /// read is complete (it resumes the callers answered).
+    /// Reads until the socket has nothing more (or `readsPerTurn` reads: a socket that never drains does not keep
+    /// the loop from the others), handing the handler each read's whole frames; then tells it the read is
+    /// complete (it resumes the callers answered).
     private func readAvailable() {
         var delivered = false
         defer { if delivered { handler?.readComplete() } }
-        while !closed {
+        var reads = 0
+        while !closed, reads < Self.readsPerTurn {
+            reads += 1
             if input.readableBytes == 0 {
                 if input.capacity > Self.keptInputCapacity { input = ByteBuffer() } else { input.clear() }
             }
