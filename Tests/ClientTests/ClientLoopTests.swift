@@ -126,4 +126,48 @@ import Testing
         #expect(clock.now - start >= .milliseconds(300))
         #expect(clock.now - start < .seconds(5))
     }
+
+    /// Connections opened, used, subscribed and closed by many tasks at once, some closed with requests in flight:
+    /// every call ends (answered, or failed as unavailable), the loop keeps serving, and no descriptor is left.
+    @Test func manyConnectionsOpenedAndClosedAtOnceAllEnd() async throws {
+        try await withTemporaryBroker(engine: "memory") { client in
+            let socketPath = client.socketPath
+            let before = try FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for worker in 0..<16 {
+                    group.addTask {
+                        for round in 0..<10 {
+                            let connection = try await BrokerConnection.connect(socketPath: socketPath, clientName: "stress")
+                            let subscription = try await connection.subscribe(name: "stress-\(worker)")
+                            _ = try await connection.write(
+                                "stress-\(worker)", .insert([Item(id: ItemID("\(round)"), payload: Payload("{}"))]))
+                            if round % 2 == 0 {
+                                // Closed with a request in flight: it ends, answered or unavailable.
+                                async let late = connection.count("stress-\(worker)")
+                                await connection.close()
+                                do { _ = try await late } catch { #expect((error as? StoreBrokerError)?.isUnavailable == true) }
+                            } else {
+                                try await connection.unsubscribe(subscription)
+                                await connection.close()
+                            }
+                            #expect(!connection.isOpen)
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            // The loop still serves: a fresh connection answers.
+            let connection = try await BrokerConnection.connect(socketPath: socketPath, clientName: "after")
+            #expect(try await connection.count("stress-0").value == 10)
+            await connection.close()
+            // The broker (in this process) closes its side as it reads each close: given a moment.
+            var after = Int.max
+            for _ in 0..<100 {
+                after = try FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count
+                if after <= before + 2 { break }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            #expect(after <= before + 2, "descriptors: \(before) before, \(after) after")
+        }
+    }
 }
