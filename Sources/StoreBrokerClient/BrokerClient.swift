@@ -37,7 +37,6 @@ public final class BrokerClient: Sendable {
     let eventLoop: any EventLoop
     private let current = Locked<BrokerConnection?>(nil)
 
-
     /// The client of the default socket, for the property wrappers' defaults (`@StoredValue(key:)`).
     public static let shared = BrokerClient()
 
@@ -163,8 +162,8 @@ final class ReadyJobs {
     func add(_ job: UnownedJob, on executor: UnownedTaskExecutor) { jobs.append((job, executor)) }
 
     /// Runs `handOut` collecting the jobs it makes ready, then runs them (and those they make ready, in order).
-    /// Not nested: a reader called while another collects on this thread (it cannot be, as NIO reads from its
-    /// selector only) runs `handOut` without collecting.
+    /// Not nested: a reader called while another collects on this thread (it cannot be, as the loop reads only
+    /// from `poll`) runs `handOut` without collecting.
     static func run(after handOut: () -> Void) {
         let ready = current()
         guard !ready.isCollecting else { return handOut() }

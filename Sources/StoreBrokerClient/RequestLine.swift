@@ -51,7 +51,7 @@ final class RequestLine: Sendable {
             return out
         }
 
-        /// Takes the next id.
+        /// Moves on to the next id (the one just used is taken).
         mutating func takeID() {
             nextID = nextID == UInt32.max ? 1 : nextID + 1
         }
@@ -122,7 +122,7 @@ final class RequestLine: Sendable {
             } catch {
                 return .failure(StoreBrokerError(.protocolViolation, code: error.code, error.message))
             }
-            if let failure = register([(id, entry)]) { return .failure(failure) }
+            if let failure = register(id, entry) { return .failure(failure) }
             writer.takeID()
             guard writer.write(out) else {
                 // Taken back, unless the connection's failure took it first (and told its waiter).
@@ -186,6 +186,15 @@ final class RequestLine: Sendable {
         table.withLock { table in
             if let failure = table.failure { return failure }
             for (id, entry) in entries { table.pending[id] = entry }
+            return nil
+        }
+    }
+
+    /// `register(_:)` of one request, without a list to allocate (the usual write).
+    private func register(_ id: UInt32, _ entry: Pending) -> StoreBrokerError? {
+        table.withLock { table in
+            if let failure = table.failure { return failure }
+            table.pending[id] = entry
             return nil
         }
     }
