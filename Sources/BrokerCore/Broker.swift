@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Locking
 import Logging
 import StoreModel
@@ -29,11 +32,14 @@ public struct BrokerConfiguration: Sendable {
     /// The longest a store's writer waits, after a slow apply, for the writers it has just answered before it makes
     /// its next group (`--max-group-wait`; zero: never). See `GroupGathering`.
     public var maxGroupWait: Duration
+    /// Where items' `createdAt` and `updatedAt` come from: the wall clock, or a clock a test moves by hand.
+    public var clock: WallClock
 
     public init(
         dataDirectory: String, defaultEngine: String = "sqlite", engineOptions: [String: [String: String]] = [:],
         history: Int = 1024, historyBytes: Int = 64 << 20, subscriberBuffer: Int = 1024, maxItemLength: Int = 1 << 20, maxBatch: Int = 10_000,
-        maxGroupCommit: Int = 512, writerThreads: Int = 4, maxGroupWait: Duration = .milliseconds(1)
+        maxGroupCommit: Int = 512, writerThreads: Int = 4, maxGroupWait: Duration = .milliseconds(1),
+        clock: WallClock = .system
     ) {
         self.dataDirectory = dataDirectory
         self.defaultEngine = defaultEngine
@@ -46,7 +52,26 @@ public struct BrokerConfiguration: Sendable {
         self.maxGroupCommit = maxGroupCommit
         self.writerThreads = writerThreads
         self.maxGroupWait = maxGroupWait
+        self.clock = clock
     }
+}
+
+/// The time a commit stamps on what it changes, in milliseconds since the Unix epoch. Read once per commit
+/// group, by the writer.
+public struct WallClock: Sendable {
+    private let read: @Sendable () -> UInt64
+
+    /// A clock that reads `read` (a test's hand-moved clock).
+    public init(_ read: @escaping @Sendable () -> UInt64) { self.read = read }
+
+    /// `CLOCK_REALTIME`.
+    public static let system = WallClock {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        return UInt64(now.tv_sec) * 1000 + UInt64(now.tv_nsec) / 1_000_000
+    }
+
+    public func milliseconds() -> UInt64 { read() }
 }
 
 /// Told of every commit, for broadcasting (the D-Bus publisher): a listener of the broadcaster, like the socket

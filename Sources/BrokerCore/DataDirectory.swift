@@ -261,10 +261,3 @@ public enum FileOps {
         }
     }
 }
-
-/// Milliseconds since the Unix epoch.
-func currentTimeMilliseconds() -> UInt64 {
-    var now = timespec()
-    clock_gettime(CLOCK_REALTIME, &now)
-    return UInt64(now.tv_sec) * 1000 + UInt64(now.tv_nsec) / 1_000_000
-}

@@ -119,8 +119,10 @@ final class ManagedStore: Sendable {
         let maxGroupWaitNanoseconds: UInt64
         let history: Int
         let historyBytes: Int
+        let clock: WallClock
 
         init(_ configuration: BrokerConfiguration) {
+            clock = configuration.clock
             maxGroupCommit = configuration.maxGroupCommit
             maxGroupWaitNanoseconds = UInt64(configuration.maxGroupWait / .nanoseconds(1))
             history = configuration.history
@@ -709,7 +711,7 @@ final class ManagedStore: Sendable {
             return
         }
         let atomic = engine.capabilities.contains(.atomic)
-        let now = currentTimeMilliseconds()
+        let now = limits.clock.milliseconds()
 
         // Plan every request against the committed items plus the requests before it. Only this writer changes
         // the committed state, so it is planned against outside the lock: submitters and readers wait only for

@@ -24,6 +24,7 @@ final class ValueSpace: Sendable {
     private let environment: StoreEnvironment
     private let sealer: (any ValueSealer)?
     private let state: Locked<State>
+    private let clock: WallClock
 
     private struct Entry {
         var sequence: UInt64
@@ -75,6 +76,7 @@ final class ValueSpace: Sendable {
         self.environment = environment
         self.sealer = sealer
         self.state = Locked(State())
+        clock = environment.configuration.clock
     }
 
     private var isSecure: Bool { namespace == .secureValue }
@@ -312,7 +314,7 @@ final class ValueSpace: Sendable {
     }
 
     private func commit(_ writes: [Write], attempt: Int = 1) {
-        let now = currentTimeMilliseconds()
+        let now = clock.milliseconds()
         // Plan each write against the values as the writes before it leave them.
         let plan: Result<(outcomes: [Outcome], steps: [EngineStep], epoch: UInt64, commits: UInt64), BrokerError> =
             state.withLock { state in

@@ -7,15 +7,27 @@ import Testing
 @testable import StoreModel
 import TestSupport
 
-/// A broker over `TestEngine` in a temporary data directory.
+/// A wall clock that moves only when a test moves it: timestamps differ because the test said so, never because
+/// it slept.
+final class HandClock: Sendable {
+    private let now: Atomic<UInt64>
+
+    init(at start: UInt64 = 1_000_000) { now = Atomic(start) }
+
+    var milliseconds: UInt64 { now.load(ordering: .relaxed) }
+    func advance(by milliseconds: UInt64) { now.add(milliseconds, ordering: .relaxed) }
+    var wallClock: WallClock { WallClock { self.milliseconds } }
+}
+
+/// A broker over `TestEngine` in a temporary data directory, its commits stamped by `clock`.
 private func withBroker(
     history: Int = 100, writerThreads: Int = 4, maxGroupWait: Duration = .milliseconds(1), maxGroupCommit: Int? = nil,
-    engine: TestEngine = TestEngine(), _ body: (Broker, TestEngine) async throws -> Void
+    engine: TestEngine = TestEngine(), clock: HandClock = HandClock(), _ body: (Broker, TestEngine) async throws -> Void
 ) async throws {
     try await withTemporaryDirectory(prefix: "sb-core") { directory in
         var configuration = BrokerConfiguration(
             dataDirectory: directory, defaultEngine: "test", history: history, writerThreads: writerThreads,
-            maxGroupWait: maxGroupWait)
+            maxGroupWait: maxGroupWait, clock: clock.wallClock)
         if let maxGroupCommit { configuration.maxGroupCommit = maxGroupCommit }
         let broker = try Broker(
             configuration: configuration,
@@ -47,34 +59,39 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
 
 @Suite struct StoreSemantics {
     @Test func insertReplacesInPlaceDeduplicatesBatchesAndReinsertedIdsGoLast() async throws {
-        try await withBroker { broker, _ in
+        let clock = HandClock()
+        try await withBroker(clock: clock) { broker, _ in
             #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a", "1"), item("b", "1"), item("a", "2")])))) == 1)
             var all = try await records(broker, "s")
             #expect(all.map(\.id) == ["a", "b"])
             #expect(all.map { String(buffer: $0.payload.bytes) } == ["2", "1"])
             let createdA = all[0].createdAt
+            #expect(createdA == clock.milliseconds && all[0].updatedAt == createdA)
 
+            clock.advance(by: 5)
             #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a", "3"), item("c")])))) == 2)
             all = try await records(broker, "s")
             #expect(all.map(\.id) == ["a", "b", "c"])
             #expect(all[0].createdAt == createdA && String(buffer: all[0].payload.bytes) == "3")
+            #expect(all[0].updatedAt == createdA + 5, "a replaced item keeps createdAt, its updatedAt moves")
 
             #expect(sequence(of: await ask(broker, .write(store: "s", .remove(["a", "zz"])))) == 3)
-            try await Task.sleep(for: .milliseconds(2))
+            clock.advance(by: 5)
             #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a", "4")])))) == 4)
             all = try await records(broker, "s")
             #expect(all.map(\.id) == ["b", "c", "a"])
-            #expect(all[2].createdAt > createdA)
+            #expect(all[2].createdAt == createdA + 10, "a re-inserted id is created afresh")
         }
     }
 
     /// A large batch where every id comes five times, interleaved: first positions, last payloads (the planner's
     /// own index of first occurrences, by hash, must find every repeat among many ids).
     @Test func aLargeBatchOfRepeatsKeepsFirstPositionsAndLastPayloads() async throws {
-        try await withBroker { broker, engine in
+        let clock = HandClock()
+        try await withBroker(clock: clock) { broker, engine in
             _ = await ask(broker, .write(store: "s", .insert([item("x", "before")])))
             let created = try await records(broker, "s")[0].createdAt
-            try await Task.sleep(for: .milliseconds(2))
+            clock.advance(by: 5)
             let items = (0..<500).map { n in item("id-\(n % 100)", "\(n)") } + [item("x", "after")]
             #expect(sequence(of: await ask(broker, .write(store: "s", .insert(items)))) == 2)
             // One put per id reaches the engine (a repeat missed would be a put of its own, and a step of the event).
@@ -83,7 +100,7 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
             #expect(all.map(\.id) == ["x"] + (0..<100).map { ItemID("id-\($0)") })
             #expect(all.map { String(buffer: $0.payload.bytes) } == ["after"] + (0..<100).map { "\(400 + $0)" })
             #expect(all[0].createdAt == created, "the batch found the id that was there: it keeps its createdAt")
-            #expect(all[1].createdAt > created)
+            #expect(all[1].createdAt == created + 5)
         }
     }
 
@@ -541,10 +558,11 @@ private final class Answers: @unchecked Sendable {
     /// time, a removed and re-inserted id goes last, a repeat within one batch keeps the first place and the last
     /// payload, and memory after the one transaction is what the requests one by one would have made.
     @Test func requestsOfOneGroupSeeTheOnesBeforeThem() async throws {
-        try await withBroker { broker, engine in
+        let clock = HandClock()
+        try await withBroker(clock: clock) { broker, engine in
             _ = await ask(broker, .write(store: "s", .insert([item("a", "0"), item("z", "0")])))
             let created = try await records(broker, "s")[0].createdAt
-            try await Task.sleep(for: .milliseconds(2))
+            clock.advance(by: 5)
             let answers = Answers()
             let group: [WriteOperation] = [
                 .insert([item("b", "1"), item("c", "1"), item("b", "2")]),
@@ -562,7 +580,7 @@ private final class Answers: @unchecked Sendable {
             let all = try await records(broker, "s")
             #expect(all.map(\.id) == ["a", "c", "b"])
             #expect(all.map { String(buffer: $0.payload.bytes) } == ["3", "5", "4"])
-            #expect(all[0].createdAt == created && all[0].updatedAt > created)
+            #expect(all[0].createdAt == created && all[0].updatedAt == created + 5)
         }
     }
 
