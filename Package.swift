@@ -17,7 +17,7 @@ import PackageDescription
 //   storebrokerd, storectl, wiredump   thin executables
 // Release builds of the modules on the request path skip the runtime exclusivity checks (`swift_beginAccess` on
 // every access to a class's stored property, and in NIO's `ByteBuffer` code inlined into ours): 7.6% of the
-// daemon's samples under pipelined gets (docs/BENCHMARKS.md, fifteenth step). Debug builds, which the tests run,
+// daemon's samples under pipelined gets (docs/BENCHMARKS.md, "Figures behind choices in the code"). Debug builds, which the tests run,
 // keep them. (Tools version 6.2: from then on a package depending on this one accepts such a flag.)
 let requestPath: [SwiftSetting] = [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]
 

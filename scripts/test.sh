@@ -24,3 +24,6 @@ fi
 # The reliability suite's quick mode (docs/RELIABILITY.md): kill -9 rounds per persistent engine, live fuzzing,
 # load with watchers, libFuzzer on the wire codec.
 bash scripts/reliability.sh --quick
+
+# The request path's allocations against the committed thresholds (docs/BENCHMARKS.md): a regression fails here.
+bash scripts/check-allocations.sh

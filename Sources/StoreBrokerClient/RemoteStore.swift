@@ -53,7 +53,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     public let client: BrokerClient
     // The write path (`insert` down to the mirror's `apply`) is `@inlinable`, what it touches `@usableFromInline`:
     // an app's `RemoteStore<Note>` is then specialized in the app's module, where unspecialized generic code spent
-    // a tenth of the client's time per insert looking up metadata (docs/BENCHMARKS.md, "The client's own work").
+    // a tenth of the client's time per insert looking up metadata (docs/BENCHMARKS.md, "Figures behind choices in the code").
     @usableFromInline let identifier: @Sendable (Item) -> String
     @usableFromInline let state: Locked<Mirror>
     private let follower = Locked<Task<Void, Never>?>(nil)
