@@ -141,6 +141,12 @@ struct ConnectionStateMachine {
     /// as one `write`, before the next action that must follow it on the socket, or when the handler takes it at the
     /// end of the turn (`takeOutput`).
     private var output = ByteBuffer()
+    /// The last buffer `output` handed out, taken again for the next answers: by then the channel has written
+    /// it and let go, so clearing it reuses its storage (a fresh buffer per read cycle was the only allocation of
+    /// a pipelined ping). If the channel still holds it, clearing allocates, as a fresh buffer would.
+    private var spareOutput = ByteBuffer()
+    /// The largest spare kept: an idle connection holds at most this (32 MiB at 4,096 connections).
+    private static let spareOutputLimit = 8 * 1024
 
     /// `makeSubscription` builds the queue a `subscribe`'s pushes go to (its wake-up is the handler's business).
     init(
@@ -326,6 +332,7 @@ struct ConnectionStateMachine {
         closing = true
         actions = []
         output = ByteBuffer()
+        spareOutput = ByteBuffer()
         if handshakeArmed { emit(.cancelHandshakeTimeout) }
         if frameTimerArmed { emit(.cancelFrameTimeout) }
         handshakeArmed = false
@@ -352,7 +359,10 @@ struct ConnectionStateMachine {
     /// and count as emitted in each (`begin`).
     mutating func takeOutput() -> ByteBuffer? {
         guard output.readableBytes > 0 else { return nil }
-        defer { output = ByteBuffer() }
+        defer {
+            spareOutput = output
+            output = ByteBuffer()
+        }
         return output
     }
 
@@ -408,6 +418,7 @@ struct ConnectionStateMachine {
     private mutating func emitOutput() {
         guard output.readableBytes > 0 else { return }
         actions.append(.write(output))
+        spareOutput = output
         output = ByteBuffer()
     }
 
@@ -635,7 +646,7 @@ struct ConnectionStateMachine {
             if index == 0, slots[0].opensSubscription == nil {
                 // Next in request order: it goes out now, encoded where the turn's answers gather, and its slot is
                 // free. (An answer that opens a subscription goes through `flushAnswers`, which starts its pushes.)
-                if output.capacity == 0 { output = ByteBufferAllocator().buffer(capacity: Self.outputCapacity) }
+                if output.capacity == 0 { output = Self.reuse(&spareOutput) }
                 let maxFrameLength = configuration.limits.maxFrameLength
                 emitted += Self.append(message, id: id, maxFrameLength: maxFrameLength, to: &output)
                 slots.removeFirst()
@@ -657,6 +668,17 @@ struct ConnectionStateMachine {
         slots[index].answer = out
         readyBytes += out.readableBytes
         if wasWrite { startHeld() }
+    }
+
+    /// The spare emptied for the turn's answers (its storage once the channel has let go of it), or a new buffer.
+    private static func reuse(_ spare: inout ByteBuffer) -> ByteBuffer {
+        var buffer = spare
+        spare = ByteBuffer()
+        guard buffer.capacity >= outputCapacity, buffer.capacity <= spareOutputLimit else {
+            return ByteBufferAllocator().buffer(capacity: outputCapacity)
+        }
+        buffer.clear()
+        return buffer
     }
 
     /// Appends `message`'s frames to `buffer`, or, when it cannot be sent (too long for a frame, say), the error

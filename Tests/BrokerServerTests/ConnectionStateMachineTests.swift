@@ -235,4 +235,33 @@ import Wire
         let closed = other.machine.inputClosed(io: other.io())
         #expect(closed.contains { if case .closeWhenWritten = $0 { true } else { false } })
     }
+
+    /// The buffer a turn's answers went out in is cleared and used for the next turn's once the channel has let go
+    /// of it (no allocation per read cycle); while the channel still holds it, the next answers go to storage of
+    /// their own and the bytes it holds never change.
+    @Test func theAnswersBufferIsReusedOnlyOnceTheChannelLetsGoOfIt() throws {
+        let h = Harness()
+        _ = h.take(h.machine.received(try Self.frames([]), io: h.io()))  // the welcome
+        func pings(_ ids: ClosedRange<UInt32>) throws -> ByteBuffer {
+            _ = h.machine.received(try Self.frames(ids.map { (.ping(.init()), $0) }, hello: false), io: h.io())
+            let output = h.machine.takeOutput()
+            return try #require(output)
+        }
+        func address(_ buffer: ByteBuffer) -> UInt { buffer.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) } }
+        func firstAnswered(_ buffer: ByteBuffer) -> UInt32? { buffer.getInteger(at: buffer.readerIndex + 8, as: UInt32.self) }
+
+        // 100 answers outgrow a new buffer's capacity: what the next turn writes into tells which buffer it is.
+        var written: ByteBuffer? = try pings(1...100)
+        let grown = written!.capacity
+        written = nil  // the channel wrote it and let go
+        let held = try pings(101...101)
+        #expect(grown > 1024 && held.capacity == grown, "the next turn's answers went to a new buffer")
+        #expect(firstAnswered(held) == 101)
+        let heldBytes = Array(held.readableBytesView)
+
+        let next = try pings(102...102)  // `held` is still the channel's
+        #expect(address(next) != address(held))
+        #expect(firstAnswered(next) == 102)
+        #expect(Array(held.readableBytesView) == heldBytes, "bytes the channel still held were overwritten")
+    }
 }
