@@ -123,6 +123,7 @@ let package = Package(
             dependencies: [
                 "Locking", "CDBus", "BrokerCore", "StoreModel", .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         .target(

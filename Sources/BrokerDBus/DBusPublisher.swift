@@ -7,6 +7,7 @@ import DequeModule
 import Foundation
 import Locking
 import Logging
+import ServiceLifecycle
 import StoreModel
 
 /// Broadcasts commits as D-Bus signals (dconf's model: the only writer signals names, listeners fetch values).
@@ -17,7 +18,7 @@ import StoreModel
 /// with the same operation that piled up (ids joined, the last sequence), sends them, answers
 /// `Introspectable` and `Peer`, and reconnects with a capped backoff when the bus goes away (logging one
 /// warning), so the writer never waits for D-Bus and socket subscribers never notice it.
-public final class DBusPublisher: CommitObserver, Sendable {
+public final class DBusPublisher: CommitObserver, Service, Sendable {
     /// Where the bus is.
     public enum Bus: Hashable, Sendable {
         /// `DBUS_SESSION_BUS_ADDRESS` as read by the caller; else `unix:path=$XDG_RUNTIME_DIR/bus`.
@@ -100,6 +101,14 @@ public final class DBusPublisher: CommitObserver, Sendable {
     deinit {
         close(wakeRead)
         close(wakeWrite)
+    }
+
+    /// The publisher as one of the daemon's services: its thread runs until the graceful shutdown, then sends what
+    /// is still queued (if the bus is there) and ends.
+    public func run() async throws {
+        start()
+        try? await gracefulShutdown()
+        await stop()
     }
 
     /// Starts the publishing thread.

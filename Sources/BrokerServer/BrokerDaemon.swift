@@ -165,47 +165,27 @@ func openDescriptorCount() -> Int? {
 
 /// The daemon: a broker on a data directory, listening on a Unix socket.
 ///
-/// `start` is the one build function: `storebrokerd` calls it (through `run`), and so can tests and the
-/// testing product, so they all run the same code.
+/// `init` does what can fail before anything listens: it checks the configuration and the engines, locks the
+/// data directory and opens the broker. `run` runs the daemon's services in one `ServiceGroup` until a graceful
+/// shutdown (storebrokerd: SIGTERM or SIGINT; in-process brokers: `shutdown()`): the listener binds in its `run`,
+/// so the socket path appears only once connections are accepted. `storebrokerd` and the testing product run the
+/// same code.
 public final class BrokerDaemon: Sendable {
     public let configuration: ServerConfiguration
     public let broker: Broker
     private let logger: Logger
     private let lock: DataDirectoryLock
-    private let socketInode: ino_t?
-    /// The daemon's services, shut down in reverse order: accepting, the broker, D-Bus, the connections.
+    /// What start-up made, removed if the daemon never came to listen.
+    private let litter: StartupLitter
     private let group: ServiceGroup
-    /// `group.run()`, awaited by `shutdown` (and by `run`): nothing the daemon starts outlives it.
-    private let running: Locked<Task<Void, Never>?> = Locked(nil)
-    private let stopped = Locked<Bool>(false)
+    private let listener: Listener
+    /// Happens when `run` has cleaned up: `shutdown()` returns then.
+    private let finished = Occurrence()
 
-    private init(
-        configuration: ServerConfiguration, broker: Broker, logger: Logger, serverChannel: any Channel,
-        registry: ConnectionRegistry, lock: DataDirectoryLock, publisher: DBusPublisher?, socketInode: ino_t?,
-        signals: [UnixSignal]
-    ) {
-        self.group = Self.services(
-            configuration: configuration, broker: broker, logger: logger, serverChannel: serverChannel,
-            registry: registry, publisher: publisher, signals: signals)
-        self.configuration = configuration
-        self.broker = broker
-        self.logger = logger
-        self.lock = lock
-        self.socketInode = socketInode
-    }
-
-    /// Checks the configuration, locks the data directory, loads the default engine, and listens. The socket
-    /// path appears only once the daemon accepts connections.
-    public static func start(configuration: ServerConfiguration, logger: Logger) async throws(DaemonError) -> BrokerDaemon
-    {
-        try await start(configuration: configuration, logger: logger, signals: [])
-    }
-
-    /// `signals`: the signals that begin a graceful shutdown (storebrokerd: SIGTERM and SIGINT; in-process
-    /// brokers: none, they install no handlers).
-    static func start(
-        configuration: ServerConfiguration, logger: Logger, signals: [UnixSignal]
-    ) async throws(DaemonError) -> BrokerDaemon {
+    /// Checks the configuration, locks the data directory and opens the broker; nothing listens yet (`run`).
+    /// `signals`: those that begin a graceful shutdown (storebrokerd: SIGTERM and SIGINT; in-process brokers:
+    /// none, they install no handlers).
+    public init(configuration: ServerConfiguration, logger: Logger, signals: [UnixSignal] = []) throws(DaemonError) {
         let largest = WireProtocol.largestItem(maxFrameLength: configuration.maxFrameLength)
         guard configuration.broker.maxItemLength <= largest else {
             throw DaemonError(
@@ -271,57 +251,92 @@ public final class BrokerDaemon: Sendable {
             let registry = ConnectionRegistry()
             let maxConnections = effectiveConnectionCap(configuration.maxConnections, logger: logger)
             let policy = AccessPolicy(ownUID: getuid(), rules: configuration.allowRules)
-            let bootstrap = makeBootstrap(
-                configuration: configuration, broker: broker, policy: policy, registry: registry,
-                maxConnections: maxConnections, logger: logger)
-            let serverChannel: any Channel
-            if let inherited = configuration.inheritedSocket {
-                do {
-                    serverChannel = try await bootstrap.withBoundSocket(inherited).get()
-                } catch {
-                    throw DaemonError(
-                        .socket, "cannot use the socket handed over by systemd (fd \(inherited)): \(error)", underlying: error)
-                }
-            } else {
-                // Bind a temporary name in the same directory, then rename it into place.
-                let temporary = DaemonPaths.parent(of: socketPath) + "/.storebrokerd-\(getpid()).sock"
-                guard temporary.utf8.count <= SocketPath.maxLength else {
-                    throw DaemonError(.socket, "the socket path is too long to bind beside it (\(temporary))")
-                }
-                unlink(temporary)
-                do {
-                    serverChannel = try await bootstrap.bind(unixDomainSocketPath: temporary).get()
-                } catch {
-                    throw DaemonError(.socket, "cannot listen on \(temporary): \(error)", underlying: error)
-                }
-                guard chmod(temporary, shared ? 0o666 : 0o600) == 0, rename(temporary, socketPath) == 0 else {
-                    let failure = DaemonError.system(.socket, "cannot put the socket in place at \(socketPath)")
-                    unlink(temporary)
-                    try? await serverChannel.close()
-                    throw failure
-                }
+            let listener = Listener(configuration: configuration, logger: logger) {
+                Self.makeBootstrap(
+                    configuration: configuration, broker: broker, policy: policy, registry: registry,
+                    maxConnections: maxConnections, logger: logger)
             }
-            var ready: Logger.Metadata = [
-                "socket": "\(configuration.inheritedSocket.map { "fd \($0) from systemd" } ?? socketPath)",
-                "data": "\(dataDirectory)", "engine": "\(configuration.broker.defaultEngine)",
-                "version": "\(StoreBrokerVersion.string)",
-            ]
-            if shared { ready["allow"] = "\(configuration.allowRules.map(\.description).joined(separator: ","))" }
-            if publisher == nil { ready["dbus"] = "off" }
-            let daemon = BrokerDaemon(
-                configuration: configuration, broker: broker, logger: logger, serverChannel: serverChannel,
-                registry: registry, lock: lock!, publisher: publisher,
-                socketInode: configuration.inheritedSocket == nil ? DaemonPaths.inode(of: socketPath) : nil,
-                signals: signals)
-            daemon.running.withLock { $0 = Task { await daemon.runServices() } }
-            logger.info("storebrokerd ready", metadata: ready)
-            return daemon
+
+            // Started in this order, shut down in reverse: stop accepting, then the broker (queued writes
+            // finished and answered, engines closed), then D-Bus, then `goodbye` to every connection (closed after
+            // `--shutdown-timeout` at the latest). The whole graceful shutdown is bounded by `--shutdown-timeout`
+            // plus 5 s; past it the group cancels what is left.
+            var services: [any Service] = []
+            if !signals.isEmpty { services.append(SignalLog(signals: signals, logger: logger)) }
+            services.append(
+                ConnectionCloser(
+                    registry: registry, message: "storebrokerd is shutting down", timeout: configuration.shutdownTimeout))
+            if let publisher { services.append(publisher) }
+            services += [BrokerService(broker: broker), listener]
+            var group = ServiceGroupConfiguration(
+                services: services.map { ServiceGroupConfiguration.ServiceConfiguration(service: $0) },
+                gracefulShutdownSignals: signals, cancellationSignals: [], logger: logger)
+            group.maximumGracefulShutdownDuration = configuration.shutdownTimeout + .seconds(5)
+
+            self.group = ServiceGroup(configuration: group)
+            self.listener = listener
+            self.configuration = configuration
+            self.broker = broker
+            self.logger = logger
+            self.lock = lock!
+            self.litter = litter
         } catch {
             // Nothing is left behind (docs/DAEMON.md).
             litter.remove()
             lock?.release()
             throw error
         }
+    }
+
+    /// Runs the services until a graceful shutdown has ended them; then removes the socket (if it is still
+    /// ours) and releases the data directory. Throws when the daemon could not listen; what start-up made is then
+    /// removed.
+    public func run() async throws(DaemonError) {
+        var failure: DaemonError?
+        do {
+            try await group.run()
+        } catch let error as DaemonError {
+            failure = error
+        } catch {
+            failure = DaemonError(.services, "the daemon's services stopped: \(error)", underlying: error)
+        }
+        if let socketInode = listener.socketInode, DaemonPaths.inode(of: configuration.socketPath) == socketInode {
+            unlink(configuration.socketPath)
+        }
+        if !listener.listened { litter.remove() }  // nothing is left behind (docs/DAEMON.md)
+        lock.release()
+        // A run that ended before the listener bound (another service failed first) never listens.
+        listener.listening.happen(failing: failure ?? DaemonError(.services, "the daemon stopped before it listened"))
+        finished.happen()
+        if let failure {
+            logger.debug("stopped: \(failure.message)")
+            throw failure
+        }
+        logger.info("stopped")
+    }
+
+    /// Returns once the daemon accepts connections (its socket in place), or throws why it never will.
+    public func ready() async throws(DaemonError) {
+        if let failure = await listener.listening.wait() { throw failure }
+    }
+
+    /// Stops, as SIGTERM would: no new connections, queued writes finished and answered, `goodbye` to every
+    /// client, engines closed, the socket removed (if it is still ours), the data directory unlocked. Returns
+    /// once `run` has done all of it; safe to call more than once.
+    public func shutdown() async {
+        await group.triggerGracefulShutdown()
+        _ = await finished.wait()
+    }
+
+    /// Runs until SIGTERM or SIGINT, then shuts down. The signal mask is reset first: a parent may have left
+    /// SIGTERM blocked (../PITFALLS.md), and the daemon must always hear it.
+    public static func run(configuration: ServerConfiguration, logger: Logger) async throws(DaemonError) {
+        var empty = sigset_t()
+        sigemptyset(&empty)
+        pthread_sigmask(SIG_SETMASK, &empty, nil)
+        signal(SIGPIPE, SIG_IGN)
+        raiseDescriptorLimit(logger: logger)
+        try await BrokerDaemon(configuration: configuration, logger: logger, signals: [.sigterm, .sigint]).run()
     }
 
     private static func makeBootstrap(
@@ -421,125 +436,5 @@ public final class BrokerDaemon: Sendable {
         let future: EventLoopFuture<PeerCredentials> = provider.unsafeGetSocketOption(
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
         return future.map { Optional($0) }.recover { _ in nil }
-    }
-
-    /// The services, in start order; the group shuts them down in reverse: stop accepting, then the broker
-    /// (queued writes finished and answered, engines closed), then D-Bus, then `goodbye` to every connection
-    /// (closed after `--shutdown-timeout` at the latest). The whole graceful shutdown is bounded by
-    /// `--shutdown-timeout` plus 5 s; past it the group cancels what is left.
-    private static func services(
-        configuration: ServerConfiguration, broker: Broker, logger: Logger, serverChannel: any Channel,
-        registry: ConnectionRegistry, publisher: DBusPublisher?, signals: [UnixSignal]
-    ) -> ServiceGroup {
-        var services: [any Service] = []
-        let shutdown = ShutdownTrigger()
-        if !signals.isEmpty { services.append(SignalLog(signals: signals, logger: logger, shutdown: shutdown)) }
-        services += [
-            DaemonStep("connections") {
-                await registry.closeAll(message: "storebrokerd is shutting down", timeout: configuration.shutdownTimeout)
-            }
-        ]
-        if let publisher {
-            services.append(DaemonStep("dbus", start: { publisher.start() }) { await publisher.stop() })
-        }
-        services.append(DaemonStep("broker") { await broker.shutdown() })
-        services.append(
-            DaemonStep("listener") {
-                logger.info("shutting down")
-                try? await serverChannel.close()
-            })
-        // The signals are the signal log's alone: it logs one, then begins the shutdown. Had the group trapped
-        // them as well, its shutdown could end the log's wait before the log had seen the signal.
-        var group = ServiceGroupConfiguration(
-            services: services.map { ServiceGroupConfiguration.ServiceConfiguration(service: $0) },
-            gracefulShutdownSignals: [], cancellationSignals: [], logger: logger)
-        group.maximumGracefulShutdownDuration = configuration.shutdownTimeout + .seconds(5)
-        let serviceGroup = ServiceGroup(configuration: group)
-        shutdown.group.withLock { $0 = serviceGroup }
-        return serviceGroup
-    }
-
-    private func runServices() async {
-        do {
-            try await group.run()
-        } catch {
-            logger.error("the daemon's services stopped with an error: \(error)")
-        }
-    }
-
-    /// Stops: no new connections, queued writes finished and answered, `goodbye` to every client, engines
-    /// closed, the socket removed (if it is still ours), the data directory unlocked. Safe to call more than
-    /// once; returns when all of it is done.
-    public func shutdown() async {
-        await group.triggerGracefulShutdown()
-        await finish()
-    }
-
-    /// Waits for the services to end, then removes the socket and releases the lock (once).
-    private func finish() async {
-        await running.withLock { $0 }?.value
-        let first = stopped.withLock { stopped in
-            defer { stopped = true }
-            return !stopped
-        }
-        guard first else { return }
-        if let socketInode, DaemonPaths.inode(of: configuration.socketPath) == socketInode {
-            unlink(configuration.socketPath)
-        }
-        lock.release()
-        logger.info("stopped")
-    }
-
-    /// Runs until SIGTERM or SIGINT (heard by the signal log, which begins the group's shutdown), then shuts down. The signal mask is reset
-    /// first: a parent may have left SIGTERM blocked (../PITFALLS.md), and the daemon must always hear it.
-    public static func run(configuration: ServerConfiguration, logger: Logger) async throws(DaemonError) {
-        var empty = sigset_t()
-        sigemptyset(&empty)
-        pthread_sigmask(SIG_SETMASK, &empty, nil)
-        signal(SIGPIPE, SIG_IGN)
-        raiseDescriptorLimit(logger: logger)
-        let daemon = try await start(configuration: configuration, logger: logger, signals: [.sigterm, .sigint])
-        await daemon.finish()
-    }
-}
-
-/// One part of the daemon as a service: `start` when the group runs, then it waits for the graceful shutdown
-/// and does `stop` (or does it at once if the group is cancelled).
-struct DaemonStep: Service, CustomStringConvertible {
-    let description: String
-    private let start: @Sendable () -> Void
-    private let stop: @Sendable () async -> Void
-
-    init(_ name: String, start: @escaping @Sendable () -> Void = {}, stop: @escaping @Sendable () async -> Void) {
-        self.description = name
-        self.start = start
-        self.stop = stop
-    }
-
-    func run() async throws {
-        start()
-        try? await gracefulShutdown()
-        await stop()
-    }
-}
-
-/// The service group a signal shuts down, known once the group is made (after its services).
-final class ShutdownTrigger: Sendable {
-    let group = Locked<ServiceGroup?>(nil)
-}
-
-/// Hears the signals that end the daemon: says which one came, then begins the group's graceful shutdown. First
-/// in the group, so it is shut down last and hears a second signal during the shutdown (logged; the shutdown
-/// goes on).
-struct SignalLog: Service {
-    let signals: [UnixSignal]
-    let logger: Logger
-    let shutdown: ShutdownTrigger
-
-    func run() async throws {
-        for await signal in await UnixSignalsSequence(trapping: signals).cancelOnGracefulShutdown() {
-            logger.info("received \(signal)")
-            await shutdown.group.withLock { $0 }?.triggerGracefulShutdown()
-        }
     }
 }

@@ -19,6 +19,8 @@ public struct DaemonError: LayerError, Sendable {
         case secureValueKey
         /// The default engine, or an engine's options, cannot be used.
         case engine
+        /// One of the daemon's services stopped with an error of its own.
+        case services
     }
 
     public var code: Code

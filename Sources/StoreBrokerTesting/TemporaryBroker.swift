@@ -7,8 +7,7 @@ import Foundation
 import Logging
 import StoreBrokerClient
 
-/// A broker for tests: the daemon's own build function (`BrokerDaemon.start`, the code `storebrokerd` runs)
-/// in this process, on a temporary socket and data directory, with no D-Bus. Engines are loaded from the
+/// A broker for tests: the daemon `storebrokerd` runs (`BrokerDaemon`, its services in one group) in this process, on a temporary socket and data directory, with no D-Bus. Engines are loaded from the
 /// engine search path, which includes the directory of the running test binary: depend on the engine
 /// products (e.g. `storebroker-engine-sqlite`) so that `swift build` puts them there.
 ///
@@ -47,10 +46,12 @@ public final class TemporaryBroker: Sendable {
     private let logger: Logger
     private let daemon: LockedDaemon
 
+    /// The running daemon and the task that runs its services (a broker in a test lives beside the test's own
+    /// tasks, not inside one of them).
     private final class LockedDaemon: @unchecked Sendable {
         private let lock = NSLock()
-        private var daemon: BrokerDaemon?
-        var value: BrokerDaemon? {
+        private var daemon: (BrokerDaemon, Task<Void, Never>)?
+        var value: (BrokerDaemon, Task<Void, Never>)? {
             get { lock.withLock { daemon } }
             set { lock.withLock { daemon = newValue } }
         }
@@ -82,14 +83,23 @@ public final class TemporaryBroker: Sendable {
 
     /// Starts the broker (after `stop()`).
     public func start() async throws {
-        daemon.value = try await BrokerDaemon.start(configuration: configuration, logger: logger)
+        let started = try BrokerDaemon(configuration: configuration, logger: logger)
+        let running = Task { _ = try? await started.run() }  // its failure is `ready()`'s to throw
+        do {
+            try await started.ready()
+        } catch {
+            await running.value
+            throw error
+        }
+        daemon.value = (started, running)
     }
 
     /// Stops it gracefully, as SIGTERM would.
     public func stop() async {
-        let running = daemon.value
+        guard let (running, task) = daemon.value else { return }
         daemon.value = nil
-        await running?.shutdown()
+        await running.shutdown()
+        await task.value
     }
 
     /// Stops and starts it again on the same socket and data.
