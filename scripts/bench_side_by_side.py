@@ -147,14 +147,19 @@ class Broker:
         wait_for_socket(self.socket, self.process, "storebrokerd")
 
     def rss_bytes(self):
-        with open(f"/proc/{self.process.pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        return 0
+        return rss_of(self.process.pid)
 
     def stop(self):
         self.work.stop(self.process)
+
+
+def rss_of(pid):
+    """A process's resident memory in bytes, from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def cpu_seconds(process):
@@ -715,9 +720,48 @@ class Bench:
             self.add(f"cold start, {count:,} × 200 B: resident memory then", rss, [payload_mib], "MiB", "lower",
                      f"the payload, {payload_mib:.0f} MiB")
 
+    def flood(self):
+        """16 clients pipelining 100,000 requests each without reading (pings, then 200-byte inserts over 1,000
+        ids), four waves each, a probe pinging meanwhile; resident memory 10 s after the last wave (scripts/flood.py)."""
+        import flood
+        requests = self.n(100_000, 20_000)
+        settle = self.n(10.0, 2.0)
+        results = {"ours": [], "theirs": []}
+        for index in range(self.runs):
+            order = ["ours", "theirs"] if index % 2 == 0 else ["theirs", "ours"]
+            for side in order:
+                if side == "ours":
+                    server = Broker(self.work, self.bin, engine="memory")
+                    socket_path, rss = server.socket, server.rss_bytes
+                else:
+                    server = Redis(self.work)
+                    socket_path = server.socket
+                    rss = lambda pid=server.process.pid: rss_of(pid)
+                try:
+                    start = rss()
+                    pings = flood.flood("ours" if side == "ours" else "redis", socket_path, "ping", requests=requests,
+                                        settle=0)
+                    inserts = flood.flood("ours" if side == "ours" else "redis", socket_path, "insert",
+                                          requests=requests, settle=settle)
+                    results[side].append({"ping_p99": pings["probe_p99_ms"] * 1000,
+                                          "insert_p99": inserts["probe_p99_ms"] * 1000,
+                                          "rss_start": start / 2**20, "rss_after": rss() / 2**20})
+                finally:
+                    server.stop()
+        log("  flood: done")
+        for name, metric, unit in [
+            ("16 clients flooding pipelined pings without reading, 4 waves: another client's ping p99", "ping_p99", "µs"),
+            ("16 clients flooding pipelined 200 B inserts without reading, 4 waves: another client's ping p99",
+             "insert_p99", "µs"),
+            ("resident memory at start (memory engine)", "rss_start", "MiB"),
+            (f"resident memory {settle:.0f} s after the last flooding wave (1,000 items kept)", "rss_after", "MiB"),
+        ]:
+            self.add(name, [r[metric] for r in results["ours"]], [r[metric] for r in results["theirs"]], unit, "lower",
+                     "Redis, same clients")
+
     def all(self):
         steps = [self.floor_and_shapes, self.ping_floor, self.batch, self.large_store, self.durable, self.library,
-                 self.four_writers, self.batch_and_read, self.fanout, self.cold_start, self.distributed]
+                 self.four_writers, self.batch_and_read, self.fanout, self.flood, self.cold_start, self.distributed]
         if self.args.only:
             wanted = self.args.only.split(",")
             unknown = [name for name in wanted if name not in [step.__name__ for step in steps]]
