@@ -69,11 +69,9 @@ public final class DBusPublisher: CommitObserver, Service, Sendable {
     private let address: String?
     private let logger: Logger
     private let shared = Locked(Shared())
-    /// Wakes the thread: a byte written when the queue goes from empty to not empty, or at stop.
-    private let wakeRead: Int32
-    private let wakeWrite: Int32
-    private let finished = Locked<CheckedContinuation<Void, Never>?>(nil)
-    private let done = Locked(false)
+    /// The publishing thread, woken when the queue goes from empty to not empty, or at stop; nil when not even its
+    /// pipe could be made (then nothing is published).
+    private let thread: WakeableThread?
 
     public init(bus: Bus, logger: Logger) {
         switch bus {
@@ -88,19 +86,12 @@ public final class DBusPublisher: CommitObserver, Service, Sendable {
             }
         }
         self.logger = logger
-        var fds: [Int32] = [0, 0]
-        pipe(&fds)
-        for fd in fds {
-            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        do {
+            thread = try WakeableThread(name: "storebroker-dbus")
+        } catch {
+            logger.error("D-Bus: \(error.message); no signals will be sent")
+            thread = nil
         }
-        wakeRead = fds[0]
-        wakeWrite = fds[1]
-    }
-
-    deinit {
-        close(wakeRead)
-        close(wakeWrite)
     }
 
     /// The publisher as one of the daemon's services: its thread runs until the graceful shutdown, then sends what
@@ -114,31 +105,18 @@ public final class DBusPublisher: CommitObserver, Service, Sendable {
     /// Starts the publishing thread.
     public func start() {
         dbus_threads_init_default()
-        let thread = Thread { [self] in
-            run()
-            let waiter = finished.withLock { waiter in
-                done.withLock { $0 = true }
-                defer { waiter = nil }
-                return waiter
-            }
-            waiter?.resume()
+        do {
+            try thread?.start { [self] thread in run(on: thread) }
+        } catch {
+            logger.error("D-Bus: \(error.message); no signals will be sent")
         }
-        thread.name = "storebroker-dbus"
-        thread.start()
     }
 
     /// Stops the thread (signals still queued are sent first if the bus is there).
     public func stop() async {
         shared.withLock { $0.stopping = true }
-        wake()
-        await withCheckedContinuation { continuation in
-            let already = finished.withLock { waiter -> Bool in
-                if done.withLock({ $0 }) { return true }
-                waiter = continuation
-                return false
-            }
-            if already { continuation.resume() }
-        }
+        thread?.wake()
+        await thread?.join()
     }
 
     // MARK: CommitObserver (the writer's side: never blocks)
@@ -189,13 +167,12 @@ public final class DBusPublisher: CommitObserver, Service, Sendable {
     var queuedForTesting: [Signal] { shared.withLock { Array($0.queue) } }
 
     private func wake() {
-        var byte: UInt8 = 1
-        _ = write(wakeWrite, &byte, 1)
+        thread?.wake()
     }
 
     // MARK: The publishing thread
 
-    private func run() {
+    private func run(on thread: WakeableThread) {
         var connection: OpaquePointer?
         var backoff: Int32 = 100  // ms
         var warned = false
@@ -220,7 +197,7 @@ public final class DBusPublisher: CommitObserver, Service, Sendable {
                         shared.queue.removeAll()
                         shared.firstQueuedAt = nil
                     }
-                    waitForWake(timeout: backoff)
+                    waitForWake(on: thread, timeout: backoff)
                     backoff = min(backoff * 2, 2000)
                     continue
                 }
@@ -241,7 +218,7 @@ public final class DBusPublisher: CommitObserver, Service, Sendable {
                 connection = nil
                 continue
             }
-            waitForWake(timeout: 1000, dbusFD: fileDescriptor(of: open))
+            waitForWake(on: thread, timeout: 1000, dbusFD: fileDescriptor(of: open))
         }
     }
 
@@ -405,12 +382,8 @@ public final class DBusPublisher: CommitObserver, Service, Sendable {
     }
 
     /// Sleeps until a signal is queued, the bus has something for us, or `timeout` ms pass.
-    private func waitForWake(timeout: Int32, dbusFD: Int32 = -1) {
+    private func waitForWake(on thread: WakeableThread, timeout: Int32, dbusFD: Int32 = -1) {
         if shared.withLock({ !$0.queue.isEmpty || $0.stopping }) { return }
-        var fds = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
-        if dbusFD >= 0 { fds.append(pollfd(fd: dbusFD, events: Int16(POLLIN), revents: 0)) }
-        _ = poll(&fds, nfds_t(fds.count), timeout)
-        var drain = [UInt8](repeating: 0, count: 64)
-        while read(wakeRead, &drain, drain.count) > 0 {}
+        thread.wait(milliseconds: timeout, descriptor: dbusFD)
     }
 }

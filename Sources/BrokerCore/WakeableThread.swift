@@ -1,0 +1,135 @@
+import Glibc
+import Locking
+
+/// A thread of its own for work that blocks in a system call (libdbus, a shared engine's notices), and the one
+/// way its owner wakes it (a pipe, so that the wait can include a descriptor of the work's): `wait` sleeps until `wake()`, until a descriptor of the work's is readable, or until a
+/// timeout; `stop()` wakes it for good (`isStopping`); `join()` waits until the body has returned.
+///
+/// The daemon's event loops never block; these threads are where blocking work goes. (The writer threads that
+/// call engines are `WriterPool`'s.)
+public final class WakeableThread: Sendable {
+    /// A pipe: a byte written to `wakeWrite` ends the thread's `wait`.
+    private let wakeRead: Int32
+    private let wakeWrite: Int32
+    private let state = Locked(State())
+
+    private struct State {
+        var started = false
+        var stopping = false
+        var ended = false
+        var joiners: [CheckedContinuation<Void, Never>] = []
+    }
+
+    private let name: String
+
+    /// The wake-up pipe; the thread starts with `start`.
+    public init(name: String) throws(BrokerError) {
+        var ends: [Int32] = [0, 0]
+        guard pipe(&ends) == 0 else {
+            throw BrokerError(.internalError, "cannot make \(name)'s wake-up pipe: \(String(cString: strerror(errno)))")
+        }
+        for end in ends {
+            _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(end, F_SETFD, FD_CLOEXEC)
+        }
+        wakeRead = ends[0]
+        wakeWrite = ends[1]
+        self.name = name
+    }
+
+    /// Starts the thread, running `body` with this handle (once).
+    public func start(_ body: @escaping @Sendable (WakeableThread) -> Void) throws(BrokerError) {
+        let first = state.withLock { state in
+            defer { state.started = true }
+            return !state.started
+        }
+        precondition(first, "\(name) started twice")
+        let start = Start(thread: self, name: name, body: body)
+        var thread = pthread_t()
+        let status = pthread_create(&thread, nil, { context in
+            Unmanaged<Start>.fromOpaque(context!).takeRetainedValue().run()
+            return nil
+        }, Unmanaged.passRetained(start).toOpaque())
+        guard status == 0 else {
+            Unmanaged.passUnretained(start).release()
+            state.withLock { $0.ended = true }
+            throw BrokerError(.internalError, "cannot start \(name): \(String(cString: strerror(status)))")
+        }
+        pthread_detach(thread)
+    }
+
+    deinit {
+        close(wakeRead)
+        close(wakeWrite)
+    }
+
+    /// What the new thread runs: its name, the body, then the joiners are told.
+    private final class Start: @unchecked Sendable {  // handed to the new thread once
+        let thread: WakeableThread
+        let name: String
+        let body: @Sendable (WakeableThread) -> Void
+
+        init(thread: WakeableThread, name: String, body: @escaping @Sendable (WakeableThread) -> Void) {
+            self.thread = thread
+            self.name = name
+            self.body = body
+        }
+
+        func run() {
+            // Named, or it keeps the name of the thread that started it and profiles cannot tell them apart
+            // (`pthread_setname_np` is not visible through Glibc; `/proc/thread-self/comm` is the same name).
+            let comm = open("/proc/thread-self/comm", O_WRONLY)
+            if comm >= 0 {
+                _ = String(name.prefix(15)).utf8CString.withUnsafeBufferPointer { write(comm, $0.baseAddress, $0.count - 1) }
+                close(comm)
+            }
+            body(thread)
+            let joiners = thread.state.withLock { state in
+                state.ended = true
+                defer { state.joiners = [] }
+                return state.joiners
+            }
+            for joiner in joiners { joiner.resume() }
+        }
+    }
+
+    /// Whether `stop()` was called: the body is to return.
+    public var isStopping: Bool { state.withLock { $0.stopping } }
+
+    /// Ends the current or next `wait` early.
+    public func wake() {
+        var byte: UInt8 = 1
+        _ = write(wakeWrite, &byte, 1)
+    }
+
+    /// Asks the body to return (`isStopping`) and wakes it.
+    public func stop() {
+        state.withLock { $0.stopping = true }
+        wake()
+    }
+
+    /// Sleeps until `wake()`, `stop()`, `descriptor` (when not negative) becoming readable, or `milliseconds`
+    /// passing (negative: no limit). True when `descriptor` is readable.
+    @discardableResult
+    public func wait(milliseconds: Int32, descriptor: Int32 = -1) -> Bool {
+        var fds = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0), pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)]
+        let ready = poll(&fds, descriptor >= 0 ? 2 : 1, milliseconds)
+        if ready > 0, fds[0].revents != 0 {
+            var drain = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
+            while withUnsafeMutableBytes(of: &drain, { read(wakeRead, $0.baseAddress, $0.count) }) > 0 {}
+        }
+        return ready > 0 && descriptor >= 0 && fds[1].revents != 0
+    }
+
+    /// Returns once the body has returned (at once if the thread never started).
+    public func join() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let ended = state.withLock { state -> Bool in
+                let ended = state.ended || !state.started
+                if !ended { state.joiners.append(continuation) }
+                return ended
+            }
+            if ended { continuation.resume() }
+        }
+    }
+}
