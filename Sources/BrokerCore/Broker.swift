@@ -231,7 +231,7 @@ public final class Broker: Sendable {
 
     /// `store(_:)` for a read of `context`: the store its last read named, if that is the name and the store has not
     /// been retired since, without the table of stores. That table's lock is shared by every connection and its
-    /// key is the name's hash: 5% of the daemon's samples under 50 clients `-P 16` reading one store each.
+    /// key is the name's hash: a lookup per read would contend for that lock and hash the name every time.
     private func store(_ name: String, for context: RequestContext) -> ManagedStore {
         let cached = context.lookup.last.withLock { last -> ManagedStore? in
             guard let last, last.broker == identity, last.store.name == name else { return nil }
@@ -293,15 +293,15 @@ public final class Broker: Sendable {
 
     /// The writes of several peers' read cycles, admitted and waiting to reach their writers together
     /// (`submit(_:)`): a server that hands in everything one turn of its event loop read makes one group commit
-    /// of the writes many connections sent, where a submit per connection made a group of one each.
+    /// of the writes many connections sent, where a submit per connection would make a group of one each.
     public struct WriteBatch: Sendable {
         /// The writes for each store, in first-seen order. Optional: `submit` moves each out, leaving `nil` (a
         /// copy would retain what each holds).
         fileprivate var storeWrites: [(name: String, writes: [PendingWrite?])] = []
         fileprivate var valueWrites: [Namespace: [ValueSpace.Write]] = [:]
         /// Lists of writes that `submit` emptied, their capacity kept for the next batch: a new list per store and
-        /// batch was an allocation large enough (a kilobyte and more) to make glibc consolidate its fast bins
-        /// every time (under 50 clients `-P 16`, 4% of the daemon's samples).
+        /// batch would be an allocation large enough (a kilobyte and more) to make glibc consolidate its fast bins
+        /// every time.
         fileprivate var spare: [[PendingWrite?]] = []
 
         public init() {}
@@ -339,7 +339,7 @@ public final class Broker: Sendable {
         // `requests[index]` from the array, copies it.
         requests.withUnsafeMutableBufferPointer { requests in
             for index in requests.indices {
-                // Taken out first: checked in the array, it was copied for the interceptors.
+                // Taken out first: checked in the array, it would be copied for the interceptors.
                 var command = BrokerCommand.listEngines
                 swap(&command, &requests[index].command)
                 guard let reply = admitted(command, context: context, requests[index].reply) else { continue }
@@ -530,9 +530,9 @@ public final class Broker: Sendable {
 }
 
 /// The store a connection's last read named (`Broker.store(_:for:)`): a connection reads one store, usually, and
-/// asking the broker's table for it every time was a lock every connection shares. Holds one store at most, with
-/// the identity of the broker it came from (a context can be used with several brokers in one process: `RequestContext.owner`); a
-/// retired one is looked up again.
+/// asking the broker's table for it every time would take a lock every connection shares. Holds one store at
+/// most, with the identity of the broker it came from (a context can be used with several brokers in one process:
+/// `RequestContext.owner`); a retired one is looked up again.
 final class StoreLookup: Sendable {
     struct Entry {
         /// `Broker.identity` (not a reference: a weak one costs an atomic operation on the broker, which every

@@ -56,7 +56,7 @@ struct DataDirectory: Sendable {
     /// - `stores/.new-*` with no engine files: a create interrupted before the store's first open: deleted;
     /// - any other `stores/.new-*` or `stores/.dropped-*`: a user's store (or, rarely, a drop interrupted by a
     ///   crash): kept as the store of that name, with a note (drop it if it is the remains of a drop);
-    /// - `.new-*` and `.dropped-*` beside `values` (names no user can give): deleted, as before.
+    /// - `.new-*` and `.dropped-*` beside `values` (names no user can give): deleted.
     private func migrateFirstLayout() throws(BrokerError) -> [String] {
         var notes: [String] = []
         for entry in try FileOps.list(root) where entry.hasPrefix(".new-") || entry.hasPrefix(".dropped-") {

@@ -13,9 +13,9 @@ public protocol ReplyReceiver: AnyObject, Sendable {
 
 /// How the broker answers a request: once, from whatever thread finished it (`reply(result)`).
 ///
-/// A receiver and a token, not a closure: a connection hands every request the same receiver, so a request
-/// costs no allocation here (a closure capturing the request's slot was one allocation per request, 11% of a
-/// pipelined insert's allocations). A closure can still be the receiver (`Reply { result in ... }`).
+/// A receiver and a token, not a closure: a connection hands every request the same receiver, so handing a
+/// request in allocates nothing (a closure capturing the request's slot would be one allocation per request).
+/// A closure can still be the receiver (`Reply { result in ... }`).
 public struct Reply: Sendable {
     private let receiver: any ReplyReceiver
     private let token: UInt64
@@ -110,8 +110,8 @@ final class ManagedStore: Sendable {
     /// `State.retired`, readable without the lock.
     private let retiredFlag = Atomic<Bool>(false)
     /// The configuration's figures the writer reads for every group, copied out once: reading one through
-    /// `environment.configuration` copied the whole configuration (its strings and engine options retained and
-    /// released) several times per commit.
+    /// `environment.configuration` copies the whole configuration (its strings and engine options retained and
+    /// released), and the writer reads them several times per commit.
     private let limits: CommitLimits
 
     private struct CommitLimits {
@@ -569,9 +569,9 @@ final class ManagedStore: Sendable {
 
     /// Items an event loop commits for a nonblocking engine before what queued meanwhile goes to the writer pool.
     /// Writes that other connections (other loops) queue while a loop commits are committed by that loop too,
-    /// group after group, instead of waking a writer thread that hands each answer back (memory engine, 50
-    /// clients each waiting for its answer: 84,000 -> 98,000 inserts/s); the budget keeps one loop from
-    /// committing for long while its own connections wait (a group of large batches goes to the pool).
+    /// group after group: waking a writer thread that hands each answer back would put a thread hand-off in
+    /// every waiting client's round trip; the budget keeps one loop from committing for long while its own
+    /// connections wait (a group of large batches goes to the pool).
     static let inlineItems = 4096
 
     /// The writer's job: commits what is queued, group after group, until the queue is empty (the store then
@@ -628,8 +628,8 @@ final class ManagedStore: Sendable {
 
     /// What a writer's turn let go of: the items its commits replaced or removed, the events history evicted, the
     /// engine's steps and the groups it answered. Released when the turn is over, off the serial path the next
-    /// group waits on (under 50 clients `-P 16`, releasing all this inside the commit was
-    /// ~10% of the daemon's samples). A turn is bounded (`WriterPool.groupsPerTurn` groups), and so is this.
+    /// group waits on (released inside the commit, every release would lengthen that path). A turn is bounded
+    /// (`WriterPool.groupsPerTurn` groups), and so is this.
     private struct Leftovers {
         var contents = StoreContents.Released()
         var events: [Commit] = []

@@ -103,12 +103,11 @@ public struct StoreContents: Sendable {
     }
 
     /// Brings into the cache what looking up these ids will read (`OrderedTable.warm(hashes:)`), all before the
-    /// first lookup: a group of single inserts into a large store waited for memory one id at a time.
+    /// first lookup, so that a group of single inserts into a large store does not wait for memory one id at a time.
     func warm(_ hashes: UnsafeBufferPointer<Int>) {
         let sum = table.warm(hashes: hashes)
-        // The loads must happen. With their sum unused the optimizer removed them, and the lookups that followed
-        // missed the cache twice each (the slot, then the kept item: 8.6% of the daemon's samples under 50
-        // clients `-P 16` in `createdAt`, where the warming took 0.5%). A branch on the sum keeps them; it is
+        // The loads must happen. With their sum unused the optimizer removes them, and the lookups that follow
+        // miss the cache twice each (the slot, then the kept item). A branch on the sum keeps them; it is
         // practically never taken, and harmless when it is.
         if _slowPath(sum == Self.improbableSum) { Self.warmedToTheImprobableSum() }
     }

@@ -15,7 +15,7 @@ struct WritePlanner {
     /// Committed ids removed by a planned request: their committed position no longer counts.
     private var hidden: Set<ItemID> = []
     /// What the requests planned so far did to each id they touched, found through `overlayIndex` by the ids'
-    /// `tableHash` (computed once per id for the committed contents' index too; a `Dictionary` hashed each id
+    /// `tableHash` (computed once per id for the committed contents' index too; a `Dictionary` would hash each id
     /// again, twice per remembered insert).
     private var overlay: [(id: ItemID, touched: Touched)] = []
     private var overlayIndex = PositionIndex()
@@ -128,8 +128,8 @@ struct WritePlanner {
             overlayIndex.reserveCapacity(overlay.count + items.count)
         }
         // Each id hashed once, for finding repeats and for the committed contents' index; and, for a batch, the
-        // index's first bucket read for all ids before any lookup, so that their cache misses overlap (a batch
-        // into a large store spent most of its lookups waiting for memory, one miss after another), an empty one
+        // index's first bucket read for all ids before any lookup, so that their cache misses overlap (one miss
+        // after another, a batch into a large store spends most of its lookups waiting for memory), an empty one
         // saying the id is new without a lookup.
         let hashes = items.count > 1 ? Self.hashes(items) : []
         let absent = items.count > 1 && !baseCleared ? base.certainlyAbsent(hashes: hashes) : []
@@ -181,12 +181,12 @@ struct WritePlanner {
     private static var warmChunk: Int { 512 }
 
     /// Room for `count` elements, growing geometrically: `reserveCapacity` of exactly what one step of a chain
-    /// needs reallocated (and copied) the whole array at every step.
+    /// needs reallocates (and copies) the whole array at every step.
     private static func reserve<Element>(_ array: inout [Element], _ count: Int) {
         if array.capacity < count { array.reserveCapacity(max(count, 2 * array.capacity)) }
     }
 
-    /// Each item's id's `tableHash`, read in place (`items.map` copied each item out; `ItemID.tableHash` is
+    /// Each item's id's `tableHash`, read in place (`items.map` would copy each item out; `ItemID.tableHash` is
     /// inlined, so nothing is retained).
     private static func hashes(_ items: [Item]) -> [Int] {
         var hashes: [Int] = []
@@ -198,7 +198,7 @@ struct WritePlanner {
     /// The item a record keeps: it outlives the request (memory, history), so it owns its bytes, the id's then
     /// the payload's in one allocation (`KeptItem`), shared by the record's id and payload, memory and the
     /// engine's step. Only copies run while the request's bytes are borrowed: an opaque call there (the
-    /// allocation) made the caller retain them around it.
+    /// allocation) would make the caller retain them around it.
     ///
     /// It takes the array and the index, not the item: reading `items[index]` copies the item, and a copy alive
     /// across the allocation (an opaque call) is retained and released around it; each read here ends before it.
@@ -249,13 +249,13 @@ struct WritePlanner {
     }
 
     /// Adds a step to the event, merging it into the previous step of the same op, in place: a chain of many steps
-    /// costs what one step of all their items costs (copying and hashing the merged step again for each step made
-    /// a chain of 5,000 one-item inserts take seconds).
+    /// costs what one step of all their items costs (copying and hashing the merged step again for each step would
+    /// make a chain of 5,000 one-item inserts take seconds).
     private mutating func append(_ step: EventStep, to events: inout [EventStep]) {
         let last = events.count - 1
         if last >= 0 {
             // Each case takes the last step's array and puts `.remove(ids: [])` in its place before appending, so that
-            // the array has one owner and grows in place (a switch over a tuple of both steps kept a copy alive).
+            // the array has one owner and grows in place (a switch over a tuple of both steps would keep a copy alive).
             switch step {
             case .insert(let records):
                 if case .insert(var previous) = events[last] {

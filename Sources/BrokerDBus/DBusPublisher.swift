@@ -146,7 +146,8 @@ public final class DBusPublisher: CommitObserver, Service, Sendable {
         let mustWake = shared.withLock { shared -> Bool in
             if shared.queue.count >= Self.queueCapacity {
                 // Full: fold it into the last signal if that is of the same store and operation, else drop it.
-                // In place: merging into a copy of the last signal copied its ids (up to 1,000 strings) per signal.
+                // In place: merging into a copy of the last signal would copy its ids (up to 1,000 strings) per
+                // signal.
                 let last = shared.queue.count - 1
                 if last >= 0, shared.queue[last].merge(signal) {
                     shared.queue[last].complete = false
@@ -280,8 +281,8 @@ public final class DBusPublisher: CommitObserver, Service, Sendable {
         if dropped > 0 { logger.warning("D-Bus: \(dropped) signals dropped (the bus is slower than the writers)") }
         var merged: [Signal] = []
         for signal in batch {
-            // Merged in place: merging into a copy of the last one (`if var last = merged.last`) copied its ids, up
-            // to 1,000 strings, for every signal of a burst: 78% of the daemon's time under pipelined writes.
+            // Merged in place: merging into a copy of the last one (`if var last = merged.last`) would copy its ids,
+            // up to 1,000 strings, for every signal of a burst.
             let last = merged.count - 1
             if last >= 0, merged[last].merge(signal) { continue }
             merged.append(signal)

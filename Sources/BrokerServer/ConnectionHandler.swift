@@ -68,8 +68,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private var performing = false
     private var needsFlush = false
     /// The bytes the actions being performed write, gathered into one buffer and written to the channel once,
-    /// before the flush (a channel write per answer cost NIO's bookkeeping per buffer: 10% of the daemon's time
-    /// under pipelined pings). A lone write goes as it is; one of `gatherLimit` bytes or more is not copied.
+    /// before the flush (a channel write per answer would pay NIO's bookkeeping per buffer for every answer). A
+    /// lone write goes as it is; one of `gatherLimit` bytes or more is not copied.
     private var gathered = Gathered.none
     private static let gatherLimit = 16 * 1024
 
@@ -309,7 +309,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     /// A push's frames with this connection's subscription id: copied into the turn's buffer with the id set
-    /// when short (one copy, where a copy per frame and then into the buffer were two), else re-headed frames
+    /// when short (one copy, where a copy per frame and then into the buffer would be two), else re-headed frames
     /// whose payloads stay shared with the other subscribers.
     private func gatherPush(_ bytes: ByteBuffer, subscriptionID: UInt32, _ context: ChannelHandlerContext) {
         guard bytes.readableBytes < Self.gatherLimit else {
@@ -365,7 +365,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             guard let replies else { return }
             let reply = Reply(replies, token: ConnectionReplies.token(slot: slot, isWrite: command.isWrite))
             if command.isWrite {
-                // The command moves into the request: without `consume` the optimizer copied it (a retain and release
+                // The command moves into the request: without `consume` the optimizer copies it (a retain and release
                 // of each reference it holds). (Appending the request still copies it; `consume` does not help there.)
                 writes.append(BrokerRequest(consume command, subscription: consume subscription, reply: consume reply))
             } else {

@@ -95,7 +95,7 @@ struct ConnectionStateMachine {
     private var base: UInt64 = 0
     /// Writes whose answer has not arrived, in slot order (writes start in slot order). An answered one is marked
     /// (`answeredBit`) and removed lazily at the front, so the oldest open write is found in O(1) amortized (a
-    /// `Set` of the answered ones hashed every answer twice: 1.6% of a pipelined insert's time).
+    /// `Set` of the answered ones would hash every answer twice).
     private var openWrites = Deque<UInt64>()
     private static let answeredBit: UInt64 = 1 << 63
     /// Requests held back so that a read sees this connection's earlier writes (and later requests keep
@@ -106,8 +106,8 @@ struct ConnectionStateMachine {
     /// Subscriptions whose `subscribed` answer has gone out, so their pushes may follow.
     private var flowing = Set<UInt32>()
     /// Subscriptions that said they have pushes waiting (`pushesWaiting`), in that order, not yet drained: only
-    /// these are gone through, never every subscription of the connection (a connection with 20,000 of them
-    /// went through them all, sorted, for every push).
+    /// these are gone through, never every subscription of the connection (a connection may hold 20,000 of them,
+    /// too many to go through, sorted, for every push).
     private var ready = Deque<UInt32>()
     private var nextSubscriptionID: UInt32 = 1
 
@@ -137,13 +137,13 @@ struct ConnectionStateMachine {
     private var emitted = 0
     private var actions: [Action] = []
     /// Answers given in request order, encoded straight into one buffer as they come (a buffer of their own each,
-    /// copied again when the turn's writes were gathered, was two allocations and a copy per answer); it goes out
-    /// as one `write`, before the next action that must follow it on the socket, or when the handler takes it at the
-    /// end of the turn (`takeOutput`).
+    /// copied again when the turn's writes are gathered, would be two allocations and a copy per answer); it goes
+    /// out as one `write`, before the next action that must follow it on the socket, or when the handler takes it at
+    /// the end of the turn (`takeOutput`).
     private var output = ByteBuffer()
     /// The last buffer `output` handed out, taken again for the next answers: by then the channel has written
-    /// it and let go, so clearing it reuses its storage (a fresh buffer per read cycle was the only allocation of
-    /// a pipelined ping). If the channel still holds it, clearing allocates, as a fresh buffer would.
+    /// it and let go, so clearing it reuses its storage (a fresh buffer per read cycle would be the only
+    /// allocation of a pipelined ping). If the channel still holds it, clearing allocates, as a fresh buffer would.
     private var spareOutput = ByteBuffer()
     /// The largest spare kept: an idle connection holds at most this (32 MiB at 4,096 connections).
     private static let spareOutputLimit = 8 * 1024
@@ -355,8 +355,8 @@ struct ConnectionStateMachine {
 
     /// The answers encoded into the turn's buffer and not yet handed out as a `write`: the handler takes them when
     /// it has performed every action of the turn, before it writes and flushes. They stay across the events of one
-    /// turn (a read's answer is an event of its own, and a buffer per event was two allocations and a copy per read)
-    /// and count as emitted in each (`begin`).
+    /// turn (a read's answer is an event of its own, and a buffer per event would be two allocations and a copy per
+    /// read) and count as emitted in each (`begin`).
     mutating func takeOutput() -> ByteBuffer? {
         guard output.readableBytes > 0 else { return nil }
         defer {
@@ -514,8 +514,8 @@ struct ConnectionStateMachine {
         let waitingForClient = input.readableBytes > 0 && !readHeld && !closing && mayStartRequests()
         guard waitingForClient else {
             // The timer, if armed, is left to fire and find nothing to time out (or a later partial frame, whose
-            // own deadline it sets): under pipelining most reads end inside a frame, and scheduling and cancelling
-            // a timer for each was 3% of the daemon's time. It is cancelled when the connection closes.
+            // own deadline it sets): under pipelining most reads end inside a frame, so a timer per partial frame
+            // would be scheduled and cancelled on nearly every read. It is cancelled when the connection closes.
             partialFrame = nil
             return
         }
@@ -655,7 +655,7 @@ struct ConnectionStateMachine {
                 return
             }
             // Room for most answers at once: an empty buffer grows by doubling from the frame header's 16 bytes,
-            // four or five reallocations for a one-item answer (5% of the daemon's time under pipelined gets).
+            // four or five reallocations for a one-item answer.
             out = ByteBufferAllocator().buffer(capacity: Self.answerCapacity)
             Self.append(message, id: id, maxFrameLength: configuration.limits.maxFrameLength, to: &out)
         case .failure(let error):
@@ -684,7 +684,7 @@ struct ConnectionStateMachine {
     /// Appends `message`'s frames to `buffer`, or, when it cannot be sent (too long for a frame, say), the error
     /// frame that says so in its place; returns the bytes appended.
     ///
-    /// Static: a method of the machine writing into `output`, one of its own properties, made Swift copy the whole
+    /// Static: a method of the machine writing into `output`, one of its own properties, makes Swift copy the whole
     /// machine for each call (the read of `self` overlaps the `inout` access), 15 retains and releases of shared
     /// objects per answer.
     @discardableResult

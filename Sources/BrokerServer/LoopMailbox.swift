@@ -5,10 +5,10 @@ import NIOCore
 /// that loop.
 ///
 /// A commit made on another thread (a writer, or the other event loop committing for the memory engine) answers
-/// many connections at once. Each connection gathers its answers in its own inbox; the first answer of a batch
-/// used to schedule a task of its own on the connection's loop (a task, a closure and often a wake-up of the loop
-/// per connection, up to 50 per commit with 50 clients). Now the inbox's connection joins its loop's mailbox, and
-/// only the first connection of a batch schedules the one task that takes them all.
+/// many connections at once. Each connection gathers its answers in its own inbox, and the inbox's connection
+/// joins its loop's mailbox: only the first connection of a batch schedules the one task that takes them all (a
+/// task per connection would be a task, a closure and often a wake-up of the loop per connection answered, as
+/// many per commit as clients).
 final class LoopMailbox: Sendable {
     let eventLoop: any EventLoop
 

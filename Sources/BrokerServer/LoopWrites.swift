@@ -5,13 +5,13 @@ import NIOCore
 /// once the turn's reads are done (by a task on the loop: NIO runs the tasks of a turn after its I/O events).
 ///
 /// With many clients each waiting for its answer, a read cycle holds one write. Submitted connection by
-/// connection, each was a group commit of its own (50 clients, memory engine: 0.96 commits per insert), paying a
-/// group's fixed costs (the store's lock taken five times, the planner, the engine call, the history, the
-/// hand-offs) per write. Here the writes of the connections one turn reads after the first are admitted into one
-/// `Broker.WriteBatch` as they arrive and submitted once: one group per store, and each connection takes the
-/// answers that commit gave it in one batch and flushes once (it is `performing` while the batch is submitted).
-/// The turn's first writes are submitted at once, as they were: a lone client's write waits for no task (the
-/// task cost a single client's insert 2–3 µs of its round trip, its p50 1.09× -> 1.13× our ping's).
+/// connection, each would be a group commit of its own, paying a group's fixed costs (the store's lock taken five
+/// times, the planner, the engine call, the history, the hand-offs) per write. Here the writes of the connections
+/// one turn reads after the first are admitted into one `Broker.WriteBatch` as they arrive and submitted once: one
+/// group per store, and each connection takes the answers that commit gave it in one batch and flushes once (it
+/// is `performing` while the batch is submitted). The turn's first writes are submitted at once: a lone client's
+/// write waits for no task (waiting for the task that ends the turn would lengthen every lone client's round
+/// trip).
 final class LoopWrites: Sendable {
     private let broker: Broker
     private let eventLoop: any EventLoop

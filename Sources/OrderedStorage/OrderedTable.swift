@@ -45,7 +45,7 @@ extension Array: TableKey where Element == UInt8 {
 /// The index grows without stopping one operation for long: the buckets live in `calloc`ed memory (the pages are
 /// faulted in as they are first used, not all at once by zeroing), and when the index doubles, the old buckets
 /// move into the new ones a few at a time, with each later change (`migrate`), while lookups search both.
-/// Doubling a million-item index in one go took 23 ms in this project's VM (13 ms of it zeroing 32 MB). The slots
+/// Doubling a million-item index in one go takes 23 ms in this project's VM (13 ms of it zeroing 32 MB). The slots
 /// live in segments of 4,096 (`SegmentedArray`): growing adds a segment and never copies the slots already there.
 ///
 /// Everything is `@inlinable`: the broker's memory and the engines use it on their hot paths, and a generic type

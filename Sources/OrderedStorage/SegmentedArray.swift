@@ -1,7 +1,7 @@
 /// An array kept in segments of at most 4,096 elements: appending never moves what is already stored.
 ///
 /// A Swift `Array` grows by doubling, copying every element into the new buffer: the millionth slot of a table
-/// copied a million slots (tens to hundreds of milliseconds in this project's VM, every write of the store waiting;
+/// copies a million slots (tens to hundreds of milliseconds in this project's VM, every write of the store waiting;
 /// docs/BENCHMARKS.md, the 2^20 row). Here only a segment grows by doubling, so the most one append copies is one
 /// segment; the list of segments is one reference each. A copy shares the segments until one of them is written
 /// (copy-on-write per segment, not for the whole array). An element costs one more indirection to reach.

@@ -2,13 +2,13 @@
 /// when the process first hashes, so that a client cannot choose ids that collide, and cheap for the short ids
 /// stores hold.
 ///
-/// Swift's `Hasher` (SipHash-1-3) cost 5% of the daemon's samples under 50 clients `-P 16` inserting, for one
-/// hash per inserted id (docs/BENCHMARKS.md, "Figures behind choices in the code"). Here an id of up to 16 bytes is read as two
-/// overlapping 64-bit words (every byte in one of them), each 16 bytes more folded in by one 64 × 64 → 128-bit
-/// multiplication, and the result is folded twice more with the length: a product's high and low halves
-/// XOR-ed, so every output bit depends on every input bit. Every multiplication takes one operand XOR-ed with a
-/// secret the client cannot know, so no input can make a product zero on purpose (the weakness of unkeyed
-/// multiply-fold hashes). The values are never stored: they differ between processes, as `Hasher`'s do.
+/// Swift's `Hasher` (SipHash-1-3) is too slow for one hash per inserted id (docs/BENCHMARKS.md, "Figures behind
+/// choices in the code"). Here an id of up to 16 bytes is read as two overlapping 64-bit words (every byte in
+/// one of them), each 16 bytes more folded in by one 64 × 64 → 128-bit multiplication, and the result is folded
+/// twice more with the length: a product's high and low halves XOR-ed, so every output bit depends on every
+/// input bit. Every multiplication takes one operand XOR-ed with a secret the client cannot know, so no input
+/// can make a product zero on purpose (the weakness of unkeyed multiply-fold hashes). The values are never
+/// stored: they differ between processes, as `Hasher`'s do.
 public enum IDHash {
     @usableFromInline
     struct Secrets: Sendable {

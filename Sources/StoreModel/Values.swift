@@ -129,7 +129,7 @@ public struct ItemID: Hashable, TableKey, Sendable, Codable, Comparable, CustomS
     }
 
     /// `hashValue`, spelled out so that it inlines (see `==`): the whole hash computed inside the closure that
-    /// sees the bytes (finalized outside it, the optimizer kept a retain of the string around the call).
+    /// sees the bytes (finalized outside it, the optimizer keeps a retain of the string around the call).
     /// A kept item's id has it already (`KeptItem.idHash`).
     @inlinable @inline(__always)
     public var tableHash: Int {
@@ -354,8 +354,8 @@ public struct Payload: Hashable, Sendable, Codable, CustomStringConvertible {
         }
     }
 
-    /// Compared with `memcmp`: `elementsEqual` compared byte by byte through a closure, 2% of a client's CPU
-    /// per `RemoteStore.insert` (its written values are looked up by payload).
+    /// Compared with `memcmp`: `elementsEqual` compares byte by byte through a closure, and every
+    /// `RemoteStore.insert` compares payloads (its written values are looked up by payload).
     public static func == (lhs: Payload, rhs: Payload) -> Bool {
         let count = lhs.count
         guard count == rhs.count else { return false }
@@ -515,8 +515,8 @@ public enum Naming {
 
 /// Text the protocol carries (ids, names) checked and made from its UTF-8 bytes: ASCII, the usual case, checked
 /// eight bytes at a time and decoded without a second look; anything else by String's validating initializer,
-/// which runs as unspecialized generic code (metadata lookups at each call: 5% of the daemon's CPU under
-/// pipelined gets when every store name went that way).
+/// which runs as unspecialized generic code (metadata lookups at each call: too slow for the store name of every
+/// request).
 public enum UTF8Text {
     /// Whether `bytes` are valid UTF-8.
     public static func isValid(_ bytes: UnsafeRawBufferPointer) -> Bool {
