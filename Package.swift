@@ -194,6 +194,8 @@ let package = Package(
             dependencies: [
                 "BrokerCore", "StoreModel", "OrderedStorage", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "Logging", package: "swift-log"),
+                // NIOThreadPool: the threads for blocking work a test broker gets, as the daemon's does.
+                .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),
         .testTarget(name: "BrokerDBusTests", dependencies: ["BrokerDBus", "Wire"]),

@@ -26,8 +26,8 @@ public struct BrokerConfiguration: Sendable {
     public var maxBatch: Int
     /// The most write requests one engine transaction may carry (group commit).
     public var maxGroupCommit: Int
-    /// The most threads writers run on at once (`--writer-threads`): each store with work is pinned to one,
-    /// calling its engine synchronously; an idle store holds none.
+    /// The threads writers run on (`--writer-threads`; the server makes them): each store with work is pinned to
+    /// one, calling its engine synchronously; an idle store holds none.
     public var writerThreads: Int
     /// The longest a store's writer waits, after a slow apply, for the writers it has just answered before it makes
     /// its next group (`--max-group-wait`; zero: never). See `GroupGathering`.
@@ -152,11 +152,12 @@ public final class Broker: Sendable {
         ]
     }
 
-    /// Prepares the data directory (creating it with mode 0700 if missing). Without a `sealer`, secure
-    /// values are refused (`notSupported`).
+    /// Prepares the data directory (creating it with mode 0700 if missing). Engine calls run on `blocking`'s
+    /// threads, which the caller stops after `shutdown()`. Without a `sealer`, secure values are refused
+    /// (`notSupported`).
     public init(
-        configuration: BrokerConfiguration, engines: any EngineProvider, logger: Logger,
-        interceptors: [any RequestInterceptor]? = nil, sealer: (any ValueSealer)? = nil,
+        configuration: BrokerConfiguration, engines: any EngineProvider, blocking: any BlockingExecutor,
+        logger: Logger, interceptors: [any RequestInterceptor]? = nil, sealer: (any ValueSealer)? = nil,
         observers: [any CommitObserver] = []
     ) throws(BrokerError) {
         self.configuration = configuration
@@ -168,7 +169,7 @@ public final class Broker: Sendable {
         try directory.removeLeftovers()
         let environment = StoreEnvironment(
             directory: directory, engines: engines, configuration: configuration, logger: logger, observers: observers,
-            writers: WriterPool(limit: configuration.writerThreads))
+            writers: blocking)
         self.environment = environment
         values = ValueSpace(namespace: .value, environment: environment, sealer: nil)
         secureValues = ValueSpace(namespace: .secureValue, environment: environment, sealer: sealer)
@@ -525,7 +526,6 @@ public final class Broker: Sendable {
             group.addTask { await self.secureValues.shutdown() }
         }
         await environment.tasks.waitForAll()
-        environment.writers.stop()
     }
 }
 

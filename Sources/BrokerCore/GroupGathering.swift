@@ -102,7 +102,7 @@ final class Doorbell: @unchecked Sendable {
         pthread_mutex_lock(mutex)
         rung = true
         pthread_mutex_unlock(mutex)
-        pthread_cond_signal(condition)  // after unlocking, as `WriterPool.run` does
+        pthread_cond_signal(condition)  // after unlocking: a waiter woken under the mutex would only sleep on it again
     }
 
     /// Sleeps until rung (since the last `reset()`) or for `nanoseconds`.

@@ -73,7 +73,9 @@ struct StoreEnvironment: Sendable {
     let logger: Logger
     var observers: [any CommitObserver] = []
     /// The threads writers run on.
-    let writers: WriterPool
+    let writers: any BlockingExecutor
+    /// Commit groups a writer job makes before it lets other places' jobs have its thread.
+    static let groupsPerTurn = 16
     /// Every task and writer job the broker's stores and namespaces start; shutdown waits for them all.
     var tasks = TaskTracker()
 
@@ -542,7 +544,7 @@ final class ManagedStore: Sendable {
             let error = BrokerError(.shuttingDown, "the broker is shutting down")
             for index in writes.indices { writes[index]?.reply(.failure(error)) }
         case .commitHere:
-            runWriter(groups: WriterPool.groupsPerTurn, itemBudget: Self.inlineItems)
+            runWriter(groups: StoreEnvironment.groupsPerTurn, itemBudget: Self.inlineItems)
         case .queued:
             whenLoaded { failure in
                 if failure == nil { self.startWriterIfNeeded() }
@@ -559,7 +561,7 @@ final class ManagedStore: Sendable {
             state.writing = true
             return true
         }
-        if start { environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) } }
+        if start { environment.onWriter { self.runWriter(groups: StoreEnvironment.groupsPerTurn) } }
     }
 
     private enum Batch {
@@ -618,7 +620,7 @@ final class ManagedStore: Sendable {
             }
         }
         if state.writerGoesOn() {
-            environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) }
+            environment.onWriter { self.runWriter(groups: StoreEnvironment.groupsPerTurn) }
         } else if state.withLock({ $0.sequence == 0 }) {
             retire(self)  // writes that created nothing, or a drop
         }
@@ -629,7 +631,7 @@ final class ManagedStore: Sendable {
     /// What a writer's turn let go of: the items its commits replaced or removed, the events history evicted, the
     /// engine's steps and the groups it answered. Released when the turn is over, off the serial path the next
     /// group waits on (released inside the commit, every release would lengthen that path). A turn is bounded
-    /// (`WriterPool.groupsPerTurn` groups), and so is this.
+    /// (`StoreEnvironment.groupsPerTurn` groups), and so is this.
     private struct Leftovers {
         var contents = StoreContents.Released()
         var events: [Commit] = []
@@ -964,7 +966,7 @@ final class ManagedStore: Sendable {
         }
         switch next {
         case .nothing: break
-        case .write: environment.onWriter { self.runWriter(groups: WriterPool.groupsPerTurn) }
+        case .write: environment.onWriter { self.runWriter(groups: StoreEnvironment.groupsPerTurn) }
         case .replay: environment.onWriter { self.loadByReplay() }
         }
     }

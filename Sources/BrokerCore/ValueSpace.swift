@@ -269,7 +269,7 @@ final class ValueSpace: Sendable {
 
     /// The writer's job, as a store's: groups until the queue is empty, or a turn's worth.
     private func runWriter() {
-        for _ in 0..<WriterPool.groupsPerTurn {
+        for _ in 0..<StoreEnvironment.groupsPerTurn {
             // The group, and whether other brokers' commits are to be taken in first, under one lock.
             let (group, catchUp) = state.withLock { state -> ([Write], Bool) in
                 let catchUp = state.catchUpWanted

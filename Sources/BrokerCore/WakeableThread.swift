@@ -6,7 +6,7 @@ import Locking
 /// timeout; `stop()` wakes it for good (`isStopping`); `join()` waits until the body has returned.
 ///
 /// The daemon's event loops never block; these threads are where blocking work goes. (The writer threads that
-/// call engines are `WriterPool`'s.)
+/// call engines are the `BlockingExecutor`'s.)
 public final class WakeableThread: Sendable {
     /// A pipe: a byte written to `wakeWrite` ends the thread's `wait`.
     private let wakeRead: Int32

@@ -140,9 +140,9 @@ final class TaskTracker: Sendable {
     }
 
     /// Runs `job` on `pool`, counted until it returns.
-    func run(on pool: WriterPool, _ job: @escaping @Sendable () -> Void) {
+    func run(on pool: any BlockingExecutor, _ job: @escaping @Sendable () -> Void) {
         state.withLock { $0.running += 1 }
-        pool.run {
+        pool.execute {
             job()
             self.finished()
         }

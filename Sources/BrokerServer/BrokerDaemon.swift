@@ -238,12 +238,14 @@ public final class BrokerDaemon: Sendable {
             case .sessionBus(let address): publisher = DBusPublisher(bus: .session(address: address), logger: logger)
             case .address(let address): publisher = DBusPublisher(bus: .address(address), logger: logger)
             }
+            let threads = BlockingThreads(count: configuration.broker.writerThreads)
             let broker: Broker
             do {
                 broker = try Broker(
-                    configuration: configuration.broker, engines: engines, logger: logger, sealer: sealer,
-                    observers: publisher.map { [$0] } ?? [])
+                    configuration: configuration.broker, engines: engines, blocking: threads, logger: logger,
+                    sealer: sealer, observers: publisher.map { [$0] } ?? [])
             } catch {
+                threads.pool.shutdownGracefully { _ in }
                 throw DaemonError(
                     .dataDirectory, "cannot prepare the data directory \(dataDirectory): \(error.message)", underlying: error)
             }
@@ -267,7 +269,7 @@ public final class BrokerDaemon: Sendable {
                 ConnectionCloser(
                     registry: registry, message: "storebrokerd is shutting down", timeout: configuration.shutdownTimeout))
             if let publisher { services.append(publisher) }
-            services += [BrokerService(broker: broker), listener]
+            services += [BrokerService(broker: broker, threads: threads), listener]
             var group = ServiceGroupConfiguration(
                 services: services.map { ServiceGroupConfiguration.ServiceConfiguration(service: $0) },
                 gracefulShutdownSignals: signals, cancellationSignals: [], logger: logger)

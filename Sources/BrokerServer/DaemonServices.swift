@@ -95,13 +95,31 @@ final class Listener: Service, Sendable {
 }
 
 /// The broker as a service: at the graceful shutdown it refuses new writes, finishes and answers the queued ones
-/// and closes every engine store.
+/// and closes every engine store; then the threads its engine calls ran on end.
 struct BrokerService: Service {
     let broker: Broker
+    let threads: BlockingThreads
 
     func run() async throws {
         try? await gracefulShutdown()
         await broker.shutdown()
+        try? await threads.pool.shutdownGracefully()
+    }
+}
+
+/// The broker's threads for blocking work: NIO's thread pool, started at once (`--writer-threads` threads).
+struct BlockingThreads: BlockingExecutor {
+    let pool: NIOThreadPool
+
+    init(count: Int) {
+        pool = NIOThreadPool(numberOfThreads: max(1, count))
+        pool.start()
+    }
+
+    func execute(_ job: @escaping @Sendable () -> Void) {
+        // Run whatever the state: a job submitted while the pool stops (it is stopped only after the broker's
+        // shutdown) still answers its writes.
+        pool.submit { _ in job() }
     }
 }
 

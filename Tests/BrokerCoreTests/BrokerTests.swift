@@ -29,11 +29,13 @@ private func withBroker(
             dataDirectory: directory, defaultEngine: "test", history: history, writerThreads: writerThreads,
             maxGroupWait: maxGroupWait, clock: clock.wallClock)
         if let maxGroupCommit { configuration.maxGroupCommit = maxGroupCommit }
+        let threads = TestThreads(writerThreads)
         let broker = try Broker(
-            configuration: configuration,
-            engines: engine, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+            configuration: configuration, engines: engine, blocking: threads,
+            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         try await body(broker, engine)
         await broker.shutdown()
+        await threads.stop()
     }
 }
 
@@ -175,8 +177,8 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
             let environment = StoreEnvironment(
                 directory: dataDirectory, engines: engine,
                 configuration: BrokerConfiguration(dataDirectory: directory, defaultEngine: "test"),
-                logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }), writers: WriterPool(limit: 1))
-            defer { environment.writers.stop() }
+                logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }), writers: TestThreads(1))
+            defer { (environment.writers as? TestThreads)?.pool.shutdownGracefully { _ in } }
             func count(_ store: ManagedStore) async -> Result<BrokerAnswer, BrokerError> {
                 await withCheckedContinuation { c in store.count(Reply { c.resume(returning: $0) }) }
             }
@@ -709,11 +711,13 @@ private final class Answers: @unchecked Sendable {
             let engine = TestEngine()
             let configuration = BrokerConfiguration(dataDirectory: directory, defaultEngine: "test")
             let logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
-            let first = try Broker(configuration: configuration, engines: engine, logger: logger)
+            let threads = TestThreads()
+            defer { threads.pool.shutdownGracefully { _ in } }
+            let first = try Broker(configuration: configuration, engines: engine, blocking: threads, logger: logger)
             #expect(sequence(of: await ask(first, .write(store: "s", .insert([item("a")])))) == 1)
             await first.shutdown()
 
-            let broker = try Broker(configuration: configuration, engines: engine, logger: logger)
+            let broker = try Broker(configuration: configuration, engines: engine, blocking: threads, logger: logger)
             let opensBefore = engine.state.withLock { $0.opensStarted }
             let closesBefore = engine.state.withLock { $0.closes }
             engine.holdOpens()

@@ -63,10 +63,13 @@ private func withBroker(
 ) async throws {
     try await withTemporaryDirectory(prefix: "sb-core") { directory in
         let configuration = configuration(directory)
+        let threads = TestThreads()
         let broker = try Broker(
-            configuration: configuration, engines: TestEngine(), logger: logger, interceptors: interceptors?(configuration))
+            configuration: configuration, engines: TestEngine(), blocking: threads, logger: logger,
+            interceptors: interceptors?(configuration))
         try await body(broker)
         await broker.shutdown()
+        await threads.stop()
     }
 }
 

@@ -1,6 +1,7 @@
 import BrokerCore
 import Foundation
 import NIOCore
+import NIOPosix
 import Synchronization
 import StoreModel
 
@@ -146,5 +147,24 @@ final class Gate: Sendable {
             if !closed.withLock({ $0 }) { return }
             usleep(1000)
         }
+    }
+}
+
+/// The threads a test broker's engine calls run on: NIO's thread pool, as the daemon's (its own per broker, so
+/// that a test holding an engine never starves another's).
+struct TestThreads: BlockingExecutor {
+    let pool: NIOThreadPool
+
+    init(_ count: Int = 4) {
+        pool = NIOThreadPool(numberOfThreads: count)
+        pool.start()
+    }
+
+    func execute(_ job: @escaping @Sendable () -> Void) {
+        pool.submit { _ in job() }
+    }
+
+    func stop() async {
+        try? await pool.shutdownGracefully()
     }
 }

@@ -16,6 +16,11 @@ private struct NoEngines: EngineProvider {
     func engineList() -> [EngineInfo] { [] }
 }
 
+/// No threads for blocking work either: a job runs where it is handed in (these tests never reach an engine).
+private struct NoThreads: BlockingExecutor {
+    func execute(_ job: @escaping @Sendable () -> Void) { job() }
+}
+
 /// What the handler wrote, decoded as a client would (one session across reads).
 final class Outbound {
     private var session = ClientSession(clientName: "t")
@@ -61,7 +66,8 @@ final class Outbound {
     ) async throws {
         try await withTemporaryDirectory(prefix: "sb-conn") { directory in
             let broker = try Broker(
-                configuration: BrokerConfiguration(dataDirectory: directory), engines: NoEngines(), logger: logger)
+                configuration: BrokerConfiguration(dataDirectory: directory), engines: NoEngines(), blocking: NoThreads(),
+                logger: logger)
             let handler = ConnectionHandler(
                 broker: broker, limits: ServerSession.Limits(), subscriberBuffer: 16,
                 subscriptions: SubscriptionQuota(perConnection: 1024, total: 65536), registry: ConnectionRegistry(),
