@@ -8,6 +8,9 @@
 # out in place, for an incremental build, and comes back).
 #
 #   ./scripts/bench-ab.sh COMMIT [ROUNDS]        (ROUNDS defaults to 5; about 40 s per round)
+#
+# ENGINE=sqlite [ENGINE_OPTION=sqlite.synchronous=FULL] measures durable inserts instead (1 and 50 clients, each
+# waiting for its answer): the engine's thread hand-offs and group commit.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ $# -ge 1 ] || { echo "usage: $0 COMMIT [ROUNDS]" >&2; exit 64; }
@@ -27,14 +30,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
+engine=${ENGINE:-memory}
+engine_arguments=(--engine "$engine")
+if [ -n "${ENGINE_OPTION:-}" ]; then engine_arguments+=(--engine-option "$ENGINE_OPTION"); fi
+if [ "$engine" = memory ]; then
+    shapes=("-c 1 -P 1 -n 30000" "-c 1 -P 16 -n 200000" "-c 50 -P 1 -n 100000" "-c 50 -P 16 -n 200000")
+    tests="insert get"
+else
+    shapes=("-c 1 -P 1 -n 3000" "-c 50 -P 1 -n 30000")
+    tests="insert"
+fi
 build() { # COMMIT DIR
     git checkout -q "$1"
     swift build -c release --product storebrokerd >&2
-    swift build -c release --product storebroker-engine-memory >&2
+    swift build -c release --product "storebroker-engine-$engine" >&2
     local bin
     bin=$(swift build -c release --show-bin-path)
     mkdir -p "$2"
-    cp "$bin/storebrokerd" "$bin/libstorebroker-engine-memory.so" "$2/"
+    cp "$bin/storebrokerd" "$bin/libstorebroker-engine-$engine.so" "$2/"
 }
 build "$before_commit" "$work/before"
 git checkout -q "$here"
@@ -46,12 +59,12 @@ results="$work/results.csv"
 for round in $(seq 1 "$rounds"); do
     for side in before after; do
         run=$(mktemp -d /tmp/storebroker-ab-run.XXXXXX)
-        "$work/$side/storebrokerd" --socket "$run/s.sock" --data-dir "$run/data" --engine memory --no-dbus \
+        "$work/$side/storebrokerd" --socket "$run/s.sock" --data-dir "$run/data" "${engine_arguments[@]}" --no-dbus \
             >/dev/null 2>&1 &
         pid=$!
         for _ in $(seq 1 200); do [ -S "$run/s.sock" ] && break; sleep 0.05; done
-        for shape in "-c 1 -P 1 -n 30000" "-c 1 -P 16 -n 200000" "-c 50 -P 1 -n 100000" "-c 50 -P 16 -n 200000"; do
-            for test in insert get; do
+        for shape in "${shapes[@]}"; do
+            for test in $tests; do
                 # The daemon's CPU (user + system ticks, /proc) over the requests: on a noisy VM a steadier
                 # figure than requests per second, which moves with every wake-up of an idle core.
                 ticks_before=$(awk '{print $14 + $15}' "/proc/$pid/stat")
@@ -69,7 +82,7 @@ for round in $(seq 1 "$rounds"); do
     echo "round $round of $rounds done" >&2
 done
 
-python3 - "$results" "$before_commit" "$(getconf CLK_TCK)" <<'EOF'
+python3 - "$results" "$before_commit" "$(getconf CLK_TCK)" "$engine ${ENGINE_OPTION:-}" <<'EOF'
 import csv, sys
 rows, cpu = {}, {}
 for side, shape, test, rps, *rest in csv.reader(open(sys.argv[1])):
@@ -91,7 +104,7 @@ def table(title, data, unit_format, lower_is_better):
         cells = [f"{unit_format(m)} ({unit_format(min(v))}-{unit_format(max(v))})" for m, v in ((mb, b), (ma, a))]
         print(f"{test:7} {shape:16} {cells[0]:28} {cells[1]:28} {ma / mb:12.2f}  {verdict}")
 
-table(f"requests per second, daemon at {sys.argv[2][:10]} (before) and HEAD (after), memory engine, -d 200 -r 100000",
+table(f"requests per second, daemon at {sys.argv[2][:10]} (before) and HEAD (after), engine {sys.argv[4].strip()}, -d 200 -r 100000",
       rows, lambda v: f"{v:.0f}", lower_is_better=False)
 print()
 table("the daemon's CPU per request (us, user + system from /proc), same runs", cpu, lambda v: f"{v:.2f}",
