@@ -360,7 +360,7 @@ struct ConnectionStateMachine {
     mutating func takeOutput() -> ByteBuffer? {
         guard output.readableBytes > 0 else { return nil }
         defer {
-            spareOutput = output
+            keepSpare(output)
             output = ByteBuffer()
         }
         return output
@@ -418,7 +418,7 @@ struct ConnectionStateMachine {
     private mutating func emitOutput() {
         guard output.readableBytes > 0 else { return }
         actions.append(.write(output))
-        spareOutput = output
+        keepSpare(output)
         output = ByteBuffer()
     }
 
@@ -668,6 +668,11 @@ struct ConnectionStateMachine {
         slots[index].answer = out
         readyBytes += out.readableBytes
         if wasWrite { startHeld() }
+    }
+
+    /// Keeps `buffer`, just handed out, as the next turn's spare, unless it is larger than a spare may be.
+    private mutating func keepSpare(_ buffer: ByteBuffer) {
+        spareOutput = buffer.capacity <= Self.spareOutputLimit ? buffer : ByteBuffer()
     }
 
     /// The spare emptied for the turn's answers (its storage once the channel has let go of it), or a new buffer.

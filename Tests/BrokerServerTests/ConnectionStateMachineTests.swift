@@ -264,4 +264,28 @@ import Wire
         #expect(firstAnswered(next) == 102)
         #expect(Array(held.readableBytesView) == heldBytes, "bytes the channel still held were overwritten")
     }
+
+    struct MissingOutput: Error {}
+
+    /// A buffer handed out is kept as the next turn's spare only up to 8 KiB: a connection that once answered a
+    /// large burst does not hold that much while it idles. (Whether the machine still holds a buffer shows when the
+    /// channel's copy is cleared and written: storage shared with the machine is copied first.)
+    @Test func onlyASmallAnswersBufferIsKeptForTheNextTurn() throws {
+        let h = Harness(maxInFlight: 4096)
+        _ = h.take(h.machine.received(try Self.frames([]), io: h.io()))  // the welcome
+        func heldByTheMachine(pings count: UInt32, from first: UInt32) throws -> (Bool, Int) {
+            _ = h.machine.received(
+                try Self.frames((first..<first + count).map { (.ping(.init()), $0) }, hello: false), io: h.io())
+            guard var written = h.machine.takeOutput() else { throw MissingOutput() }  // the only reference here
+            let storage = written.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) }
+            written.clear()
+            written.writeInteger(UInt8(1))
+            return (written.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) } != storage, written.capacity)
+        }
+        let (smallKept, smallCapacity) = try heldByTheMachine(pings: 100, from: 1)
+        #expect(smallCapacity <= 8 * 1024 && smallKept, "a small buffer was not kept for the next turn")
+        let (largeKept, largeCapacity) = try heldByTheMachine(pings: 2000, from: 101)
+        #expect(largeCapacity > 8 * 1024)
+        #expect(!largeKept, "a buffer over 8 KiB was kept for the next turn")
+    }
 }
