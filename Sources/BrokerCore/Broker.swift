@@ -515,7 +515,7 @@ public final class Broker: Sendable {
     /// Refuses new writes, finishes the queued ones and closes every engine store; returns once every task the
     /// broker started (loads in flight included, whose engine stores are then closed) has ended.
     public func shutdown() async {
-        for watcher in watchers.withLock({ $0 }) { watcher.stop() }
+        for watcher in watchers.withLock({ $0 }) { await watcher.stop() }
         let all = stores.withLock { stores in
             stopping.withLock { $0 = true }  // stores made from now on start stopped
             return Array(stores.values)

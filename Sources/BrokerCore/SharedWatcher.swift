@@ -22,9 +22,10 @@ final class SharedWatcher: Sendable {
         try thread.start { thread in loop.run(on: thread) }
     }
 
-    /// Ends the thread (within one wait) and the watch.
-    func stop() {
+    /// Ends the thread (within one wait) and the watch; returns once both have ended.
+    func stop() async {
         thread.stop()
+        await thread.join()
     }
 
     /// The watcher's state, touched only by its thread.

@@ -52,7 +52,7 @@ public final class WakeableThread: Sendable {
         }, Unmanaged.passRetained(start).toOpaque())
         guard status == 0 else {
             Unmanaged.passUnretained(start).release()
-            state.withLock { $0.ended = true }
+            ended()
             throw BrokerError(.internalError, "cannot start \(name): \(String(cString: strerror(status)))")
         }
         pthread_detach(thread)
@@ -84,13 +84,18 @@ public final class WakeableThread: Sendable {
                 close(comm)
             }
             body(thread)
-            let joiners = thread.state.withLock { state in
-                state.ended = true
-                defer { state.joiners = [] }
-                return state.joiners
-            }
-            for joiner in joiners { joiner.resume() }
+            thread.ended()
         }
+    }
+
+    /// The body has returned, or never will run: the joiners go on.
+    private func ended() {
+        let joiners = state.withLock { state in
+            state.ended = true
+            defer { state.joiners = [] }
+            return state.joiners
+        }
+        for joiner in joiners { joiner.resume() }
     }
 
     /// Whether `stop()` was called: the body is to return.

@@ -181,6 +181,8 @@ public final class BrokerDaemon: Sendable {
     private let listener: Listener
     /// Happens when `run` has cleaned up: `shutdown()` returns then.
     private let finished = Occurrence()
+    /// `run` is called once.
+    private let ran = Mutex(false)
 
     /// Checks the configuration, locks the data directory and opens the broker; nothing listens yet (`run`).
     /// `signals`: those that begin a graceful shutdown (storebrokerd: SIGTERM and SIGINT; in-process brokers:
@@ -261,15 +263,16 @@ public final class BrokerDaemon: Sendable {
 
             // Started in this order, shut down in reverse: stop accepting, then the broker (queued writes
             // finished and answered, engines closed), then D-Bus, then `goodbye` to every connection (closed after
-            // `--shutdown-timeout` at the latest). The whole graceful shutdown is bounded by `--shutdown-timeout`
-            // plus 5 s; past it the group cancels what is left.
+            // `--shutdown-timeout` at the latest), then the threads for blocking work. The whole graceful shutdown
+            // is bounded by `--shutdown-timeout` plus 5 s; past it the group cancels what is left.
             var services: [any Service] = []
             if !signals.isEmpty { services.append(SignalLog(signals: signals, logger: logger)) }
+            services.append(threads)
             services.append(
                 ConnectionCloser(
                     registry: registry, message: "storebrokerd is shutting down", timeout: configuration.shutdownTimeout))
             if let publisher { services.append(publisher) }
-            services += [BrokerService(broker: broker, threads: threads), listener]
+            services += [BrokerService(broker: broker), listener]
             var group = ServiceGroupConfiguration(
                 services: services.map { ServiceGroupConfiguration.ServiceConfiguration(service: $0) },
                 gracefulShutdownSignals: signals, cancellationSignals: [], logger: logger)
@@ -294,6 +297,11 @@ public final class BrokerDaemon: Sendable {
     /// ours) and releases the data directory. Throws when the daemon could not listen; what start-up made is then
     /// removed.
     public func run() async throws(DaemonError) {
+        let first = ran.withLock { ran in
+            defer { ran = true }
+            return !ran
+        }
+        precondition(first, "BrokerDaemon.run() called twice")
         var failure: DaemonError?
         do {
             try await group.run()
@@ -324,7 +332,7 @@ public final class BrokerDaemon: Sendable {
 
     /// Stops, as SIGTERM would: no new connections, queued writes finished and answered, `goodbye` to every
     /// client, engines closed, the socket removed (if it is still ours), the data directory unlocked. Returns
-    /// once `run` has done all of it; safe to call more than once.
+    /// once `run` (which must have been called) has done all of it; safe to call more than once.
     public func shutdown() async {
         await group.triggerGracefulShutdown()
         _ = await finished.wait()

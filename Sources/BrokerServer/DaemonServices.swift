@@ -95,20 +95,20 @@ final class Listener: Service, Sendable {
 }
 
 /// The broker as a service: at the graceful shutdown it refuses new writes, finishes and answers the queued ones
-/// and closes every engine store; then the threads its engine calls ran on end.
+/// and closes every engine store.
 struct BrokerService: Service {
     let broker: Broker
-    let threads: BlockingThreads
 
     func run() async throws {
         try? await gracefulShutdown()
         await broker.shutdown()
-        try? await threads.pool.shutdownGracefully()
     }
 }
 
-/// The broker's threads for blocking work: NIO's thread pool, started at once (`--writer-threads` threads).
-struct BlockingThreads: BlockingExecutor {
+/// The broker's threads for blocking work: NIO's thread pool, started at once (`--writer-threads` threads). A
+/// service of its own, the first in the group so the last to stop: engine work (a read of a store not loaded
+/// yet, say) is done on these threads until every connection has closed.
+struct BlockingThreads: BlockingExecutor, Service {
     let pool: NIOThreadPool
 
     init(count: Int) {
@@ -117,9 +117,14 @@ struct BlockingThreads: BlockingExecutor {
     }
 
     func execute(_ job: @escaping @Sendable () -> Void) {
-        // Run whatever the state: a job submitted while the pool stops (it is stopped only after the broker's
-        // shutdown) still answers its writes.
+        // Whatever the state: a job answers writes. Once the pool has stopped (after the last connection), one
+        // would run on the thread that submits it; nothing does then.
         pool.submit { _ in job() }
+    }
+
+    func run() async throws {
+        try? await gracefulShutdown()
+        try? await pool.shutdownGracefully()
     }
 }
 

@@ -33,7 +33,6 @@ import Testing
         thread.stop()
         await thread.join()
         #expect(readable.load(ordering: .relaxed) == 1)
-        #expect(thread.isStopping)
     }
 
     /// A thread never started has nothing to wait for.
