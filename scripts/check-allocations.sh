@@ -3,7 +3,9 @@
 # on the request path"). Run by the README's test command; exits non-zero when a count moved beyond its tolerance,
 # up or down. `--update` writes the thresholds from a run instead (commit them with the change that moved them).
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../Benchmarks/Allocations"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/setup.sh
+cd Benchmarks/Allocations
 if [ "${1:-}" = "--update" ]; then
     exec swift package --disable-sandbox --allow-writing-to-package-directory \
         benchmark thresholds update --path Thresholds --no-progress

@@ -146,7 +146,8 @@ def _wave(side, path, requests, clients, stall):
 
 def flood(side, path, kind="ping", waves=4, clients=16, requests=100_000, stall=2.0, settle=10.0, rss=None):
     """Runs the waves with the probe; returns {"probe_p50_ms", "probe_p99_ms", "probe_max_ms", "rss_start",
-    "rss_after", "sent_bytes"} (memory in bytes, read with `rss()` when given)."""
+    "rss_after", "sent_bytes", "offered_bytes"} (memory in bytes, read with `rss()` when given; `sent_bytes` of
+    `offered_bytes` is what the server took in before the flooders stopped)."""
     connect, build, ping = SIDES[side]
     payload = build(kind, requests)
     start_rss = rss() if rss else 0
@@ -172,6 +173,8 @@ def flood(side, path, kind="ping", waves=4, clients=16, requests=100_000, stall=
         thread.join(timeout=30)
         probe.close()
     time.sleep(settle)
+    if not latencies:
+        raise RuntimeError("the probe got no answer during the waves")
     latencies.sort()
     return {
         "probe_p50_ms": statistics.median(latencies),
@@ -180,6 +183,7 @@ def flood(side, path, kind="ping", waves=4, clients=16, requests=100_000, stall=
         "rss_start": start_rss,
         "rss_after": rss() if rss else 0,
         "sent_bytes": sent,
+        "offered_bytes": len(payload) * clients * waves,
     }
 
 
