@@ -78,7 +78,7 @@ struct Watch: AsyncParsableCommand {
                     let connection = try await global.connect()
                     listed = try await connection.stores()
                     await connection.close()
-                } catch let error as StoreBrokerError where follow && Failure(error).code == Failure.unavailable {
+                } catch where follow && Self.brokerAway(error) {
                     listed = []  // the broker is away: each store's watch reconnects by itself
                 }
                 for info in listed where !watched.contains(info.name) && !info.isBroken {
@@ -106,6 +106,7 @@ struct Watch: AsyncParsableCommand {
         var position = from
         var backoff: Duration = .milliseconds(100)
         var resuming = from != nil
+        var away = false  // said on stderr once per absence
         while true {
             do {
                 let connection = try await global.connect()
@@ -119,13 +120,30 @@ struct Watch: AsyncParsableCommand {
                     }
                 }
                 backoff = .milliseconds(100)
+                away = false
                 try await print(store, name: name, connection: connection, from: start) { position = $0 }
-            } catch let error as StoreBrokerError where follow && Failure(error).code == Failure.unavailable {
-                // The broker went away (or is not back yet): try again, resuming after the last commit printed.
+            } catch where follow && Self.brokerAway(error) {
+                // The broker went away, or is not back yet (no socket, a stale one, one not yet renamed into
+                // place, a daemon shutting down): try again, resuming after the last commit printed.
+                if !away, case let failure as Failure = error {
+                    away = true
+                    FileHandle.standardError.write(
+                        Data("storectl: \(failure.message); waiting for it to come back\n".utf8))
+                }
                 try await Task.sleep(for: backoff)
                 backoff = min(backoff * 2, .seconds(2))
                 resuming = position != nil
             }
+        }
+    }
+
+    /// The broker is away (not listening, going away, shutting down): what --follow waits through. A failed
+    /// connection comes as storectl's `Failure`, a broken subscription as the library's error.
+    private static func brokerAway(_ error: any Error) -> Bool {
+        switch error {
+        case let failure as Failure: failure.code == Failure.unavailable
+        case let error as StoreBrokerError: Failure(error).code == Failure.unavailable
+        default: false
         }
     }
 

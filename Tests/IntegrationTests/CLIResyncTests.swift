@@ -360,6 +360,33 @@ extension Integration {
             }
         }
 
+        /// A reconnection that finds no socket (the daemon down longer than the first retry) waits: the follower
+        /// says once on stderr that the broker is away, and resumes when it is back (issue 52, point 5: it exited 69
+        /// at the first reconnection that failed).
+        @Test func followWaitsWhileTheSocketIsAbsent() async throws {
+            try await withTemporaryDirectory { directory in
+                let daemon = Daemon(in: directory)
+                try await daemon.start()
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"before"}"#])
+                let follower = try await daemon.watch("notes", ["--follow"])
+                #expect(await follower.waitFor(sequence: 1))
+                _ = await daemon.stop()
+                #expect(!FileManager.default.fileExists(atPath: daemon.socketPath))
+                // Readiness, not a sleep: the follower has tried again, found no socket, and waits.
+                #expect(
+                    await eventually(within: 20) { follower.process.stderr.contains("waiting for it to come back") },
+                    "\(follower.process.stderr)")
+                try await daemon.start()
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"after"}"#])
+                #expect(await follower.waitFor(sequence: 2, within: 30), "\(follower.lines) \(follower.process.stderr)")
+                await follower.stop()
+                await daemon.stop()
+                let objects = follower.objects
+                #expect(objects.filter { $0["op"] as? String == "insert" }.map { $0["sequence"] as? Int ?? 0 } == [2])
+                #expect(objects.contains { $0["op"] as? String == "resumed" && $0["sequence"] as? Int == 1 }, "\(follower.lines)")
+            }
+        }
+
         @Test func followResumesAcrossARestart() async throws {
             try await withTemporaryDirectory { directory in
                 let daemon = Daemon(in: directory)
