@@ -2,6 +2,7 @@ import Foundation
 @testable import StoreBrokerClient
 import StoreBrokerTesting
 import Testing
+import TestSupport
 import Wire
 
 struct Note: Codable, Sendable, Identifiable, Equatable {
@@ -183,6 +184,45 @@ private final class EventLog: Sendable {
         // The store's own next write reaches the mirror only once it has caught up with everything before.
         try await store.insert(note("12"))
         #expect(store.items.map(\.id) == ["1", "2", "4", "5", "6", "7", "8", "9", "10", "11", "12"])
+        await other.close()
+        await client.close()
+        await broker.remove()
+    }
+
+    /// Mirrors wait through a broker that stays away while they try again (its socket absent): their waiters are
+    /// told it cannot be reached, and they take what was committed once it is back (issue 52, point 5).
+    @Test func mirrorsWaitWhileTheBrokersSocketIsAbsent() async throws {
+        let broker = try await TemporaryBroker()
+        defer { Task { await broker.remove() } }
+        let client = BrokerClient(socketPath: broker.client.socketPath, connectTimeout: .milliseconds(300))
+        let store = RemoteStore<Note>(client: client, name: "notes")
+        let theme = RemoteValue<String>(client: client, key: "theme", default: "light")
+        try await store.insert(note("1"))
+        _ = try await theme.set("dark")
+        await broker.stop()
+        #expect(!FileManager.default.fileExists(atPath: broker.client.socketPath))
+        // Readiness, not a sleep: a waiter for what comes next is told the broker is out of reach once the
+        // follower has tried again for the connect timeout and found no broker; the follower goes on trying.
+        do {
+            try await store.waitUntilSeen(sequence: store.sequence + 1)
+            Issue.record("the store's waiter saw a commit while the broker was stopped")
+        } catch {
+            #expect(error.kind == .cannotConnect, "\(error)")
+        }
+        do {
+            try await theme.waitUntilSeen(sequence: theme.sequence + 1)
+            Issue.record("the value's waiter saw a commit while the broker was stopped")
+        } catch {
+            #expect(error.kind == .cannotConnect, "\(error)")
+        }
+        try await broker.start()
+        let other = BrokerClient(socketPath: broker.client.socketPath)
+        let written = try await RemoteStore<Note>(client: other, name: "notes").insert(note("2"))
+        let set = try await RemoteValue<String>(client: other, key: "theme", default: "light").set("blue")
+        try await store.waitUntilSeen(sequence: written)
+        try await theme.waitUntilSeen(sequence: set)
+        #expect(store.items.map(\.id) == ["1", "2"])
+        #expect(theme.value == "blue")
         await other.close()
         await client.close()
         await broker.remove()
