@@ -53,7 +53,36 @@ struct StoreCtl: AsyncParsableCommand {
         } else {
             arguments.insert(contentsOf: hoisted, at: arguments.firstIndex(of: "--") ?? arguments.endIndex)
         }
+        // storectl has no short option but -h: any other word of a single dash before `--` is a store, an id or a
+        // value that begins with a dash. Left to the parser, it is a cluster of short options (one holding `h`
+        // printed the help and exited 0, having done nothing) or an unknown option.
+        if let dashed = arguments.prefix(while: { $0 != "--" }).firstIndex(where: Self.beginsWithADash) {
+            // `--` right after the command's name: everything after it is the command's arguments.
+            var command = 0
+            while command < dashed, Self.commandNames.contains(arguments[command]) { command += 1 }
+            let example = (["storectl"] + arguments[..<command] + ["--"] + arguments[command...dashed] + ["..."])
+                .joined(separator: " ")
+            FileHandle.standardError.write(
+                Data("Error: '\(arguments[dashed])' is not an option: a store, id or value that begins with '-' goes after '--' (\(example))\n".utf8))
+            Foundation.exit(Failure.usage)
+        }
         await Self.main(arguments)
+    }
+
+    /// The words that name a command or a subcommand (`value set`).
+    private static let commandNames: Set<String> = {
+        var names: Set<String> = []
+        for command in configuration.subcommands {
+            names.insert(command._commandName)
+            for subcommand in command.configuration.subcommands { names.insert(subcommand._commandName) }
+        }
+        return names
+    }()
+
+    /// A single dash and more, but for `-h` (the help): a store, an id or a value (a negative number) that begins
+    /// with a dash. An option's negative value is joined to it above.
+    private static func beginsWithADash(_ word: String) -> Bool {
+        word.count >= 2 && word.hasPrefix("-") && !word.hasPrefix("--") && word != "-h"
     }
 }
 

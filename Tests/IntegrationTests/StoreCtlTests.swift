@@ -72,6 +72,38 @@ extension Integration {
             }
         }
 
+        /// A store, id or value that begins with `-` before `--` is refused with a pointer to `--` (exit 64), never
+        /// taken for a cluster of short options that holds `-h` (which printed the help, exited 0 and did
+        /// nothing: issue 52, point 4); after `--` it is what it says.
+        @Test func anArgumentThatBeginsWithADashIsRefusedAndPointsToTheSeparator() async throws {
+            try await Daemon.with { daemon in
+                _ = try await daemon.storectl(["insert", "notes", #"{"id":"-hid"}"#])
+                for arguments in [
+                    ["insert", "-dash", #"{"id":"1"}"#], ["remove", "notes", "-hid"], ["count", "-chat"],
+                    ["value", "set", "n", "-12"],
+                ] {
+                    let refused = try await daemon.storectl(arguments)
+                    #expect(refused.status == 64, "\(arguments): \(refused)")
+                    #expect(refused.stderr.contains("goes after '--'"), "\(arguments): \(refused.stderr)")
+                    // The example it gives puts `--` right after the command's name.
+                    let command = arguments.prefix { ["insert", "remove", "count", "value", "set"].contains($0) }
+                    #expect(refused.stderr.contains((["storectl"] + command + ["--"]).joined(separator: " ")), "\(refused.stderr)")
+                    #expect(!refused.stdout.contains("OVERVIEW"), "\(arguments): help printed")
+                }
+                #expect(try await daemon.storectl(["count", "--", "-dash"]).stdout == "0\n")
+                #expect(try await daemon.storectl(["count", "notes"]).stdout == "1\n")
+                // After the separator: the store and the id are what they say.
+                #expect(try await daemon.storectl(["insert", "--", "-dash", #"{"id":"1"}"#]).stdout == "1\n")
+                #expect(try await daemon.storectl(["remove", "notes", "--", "-hid"]).stdout == "2\n")
+                #expect(try await daemon.storectl(["value", "set", "--", "n", "-12"]).stdout == "1\n")
+                #expect(try await daemon.storectl(["value", "get", "n"]).stdout == "-12\n")
+                // -h alone is still the help; an option's negative value is still its value.
+                let help = try await daemon.storectl(["count", "-h"])
+                #expect(help.status == 0 && help.stdout.contains("OVERVIEW"))
+                #expect(try await daemon.storectl(["query", "notes", "--limit", "-1"]).status == 64)
+            }
+        }
+
         @Test func metaCarriesIdsAndTimestamps() async throws {
             try await Daemon.with { daemon in
                 _ = try await daemon.storectl(["insert", "s", #"{"id":"a","v":1}"#])
