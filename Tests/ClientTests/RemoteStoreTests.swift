@@ -207,13 +207,17 @@ private final class EventLog: Sendable {
             try await store.waitUntilSeen(sequence: store.sequence + 1)
             Issue.record("the store's waiter saw a commit while the broker was stopped")
         } catch {
-            #expect(error.kind == .cannotConnect, "\(error)")
+            // Out of reach: no socket (`cannotConnect`), or, on a loaded machine, an attempt that outlasted the
+            // connect timeout (`timedOut`); the library tells waiters either, and its follower goes on trying.
+            #expect(error.isUnavailable || error.kind == .timedOut, "\(error)")
         }
         do {
             try await theme.waitUntilSeen(sequence: theme.sequence + 1)
             Issue.record("the value's waiter saw a commit while the broker was stopped")
         } catch {
-            #expect(error.kind == .cannotConnect, "\(error)")
+            // Out of reach: no socket (`cannotConnect`), or, on a loaded machine, an attempt that outlasted the
+            // connect timeout (`timedOut`); the library tells waiters either, and its follower goes on trying.
+            #expect(error.isUnavailable || error.kind == .timedOut, "\(error)")
         }
         try await broker.start()
         let other = BrokerClient(socketPath: broker.client.socketPath)
