@@ -189,49 +189,6 @@ private final class EventLog: Sendable {
         await broker.remove()
     }
 
-    /// Mirrors wait through a broker that stays away while they try again (its socket absent): their waiters are
-    /// told it cannot be reached, and they take what was committed once it is back (issue 52, point 5).
-    @Test func mirrorsWaitWhileTheBrokersSocketIsAbsent() async throws {
-        let broker = try await TemporaryBroker()
-        defer { Task { await broker.remove() } }
-        let client = BrokerClient(socketPath: broker.client.socketPath, connectTimeout: .milliseconds(300))
-        let store = RemoteStore<Note>(client: client, name: "notes")
-        let theme = RemoteValue<String>(client: client, key: "theme", default: "light")
-        try await store.insert(note("1"))
-        _ = try await theme.set("dark")
-        await broker.stop()
-        #expect(!FileManager.default.fileExists(atPath: broker.client.socketPath))
-        // Readiness, not a sleep: a waiter for what comes next is told the broker is out of reach once the
-        // follower has tried again for the connect timeout and found no broker; the follower goes on trying.
-        do {
-            try await store.waitUntilSeen(sequence: store.sequence + 1)
-            Issue.record("the store's waiter saw a commit while the broker was stopped")
-        } catch {
-            // Out of reach: no socket (`cannotConnect`), or, on a loaded machine, an attempt that outlasted the
-            // connect timeout (`timedOut`); the library tells waiters either, and its follower goes on trying.
-            #expect(error.isUnavailable || error.kind == .timedOut, "\(error)")
-        }
-        do {
-            try await theme.waitUntilSeen(sequence: theme.sequence + 1)
-            Issue.record("the value's waiter saw a commit while the broker was stopped")
-        } catch {
-            // Out of reach: no socket (`cannotConnect`), or, on a loaded machine, an attempt that outlasted the
-            // connect timeout (`timedOut`); the library tells waiters either, and its follower goes on trying.
-            #expect(error.isUnavailable || error.kind == .timedOut, "\(error)")
-        }
-        try await broker.start()
-        let other = BrokerClient(socketPath: broker.client.socketPath)
-        let written = try await RemoteStore<Note>(client: other, name: "notes").insert(note("2"))
-        let set = try await RemoteValue<String>(client: other, key: "theme", default: "light").set("blue")
-        try await store.waitUntilSeen(sequence: written)
-        try await theme.waitUntilSeen(sequence: set)
-        #expect(store.items.map(\.id) == ["1", "2"])
-        #expect(theme.value == "blue")
-        await other.close()
-        await client.close()
-        await broker.remove()
-    }
-
     /// A mirror takes the items this process wrote as it wrote them when the commit comes back with the bytes it
     /// sent (no JSON decoding of its own writes), and decodes what others wrote. A type whose encoding leaves a
     /// field out shows which: the writer's mirror keeps the field, another process's decodes its default.
