@@ -12,12 +12,12 @@ public final class WakeableThread: Sendable {
     private let wakeRead: Int32
     private let wakeWrite: Int32
     private let state = Locked(State())
+    /// The body has returned, or will never run.
+    private let end = Occurrence<Void>()
 
     private struct State {
         var started = false
         var stopping = false
-        var ended = false
-        var joiners: [CheckedContinuation<Void, Never>] = []
     }
 
     private let name: String
@@ -52,7 +52,7 @@ public final class WakeableThread: Sendable {
         }, Unmanaged.passRetained(start).toOpaque())
         guard status == 0 else {
             Unmanaged.passUnretained(start).release()
-            ended()
+            end.happen(())
             throw BrokerError(.internalError, "cannot start \(name): \(String(cString: strerror(status)))")
         }
         pthread_detach(thread)
@@ -63,7 +63,7 @@ public final class WakeableThread: Sendable {
         close(wakeWrite)
     }
 
-    /// What the new thread runs: its name, the body, then the joiners are told.
+    /// What the new thread runs: its name, the body, then its end is told.
     private final class Start: @unchecked Sendable {  // handed to the new thread once
         let thread: WakeableThread
         let name: String
@@ -84,18 +84,8 @@ public final class WakeableThread: Sendable {
                 close(comm)
             }
             body(thread)
-            thread.ended()
+            thread.end.happen(())
         }
-    }
-
-    /// The body has returned, or never will run: the joiners go on.
-    private func ended() {
-        let joiners = state.withLock { state in
-            state.ended = true
-            defer { state.joiners = [] }
-            return state.joiners
-        }
-        for joiner in joiners { joiner.resume() }
     }
 
     /// Whether `stop()` was called: the body is to return.
@@ -128,13 +118,7 @@ public final class WakeableThread: Sendable {
 
     /// Returns once the body has returned (at once if the thread never started).
     public func join() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let ended = state.withLock { state -> Bool in
-                let ended = state.ended || !state.started
-                if !ended { state.joiners.append(continuation) }
-                return ended
-            }
-            if ended { continuation.resume() }
-        }
+        guard state.withLock({ $0.started }) else { return }
+        await end.wait()
     }
 }

@@ -180,7 +180,7 @@ public final class BrokerDaemon: Sendable {
     private let group: ServiceGroup
     private let listener: Listener
     /// Happens when `run` has cleaned up: `shutdown()` returns then.
-    private let finished = Occurrence()
+    private let finished = Occurrence<Void>()
     /// `run` is called once.
     private let ran = Mutex(false)
 
@@ -316,8 +316,8 @@ public final class BrokerDaemon: Sendable {
         if !listener.listened { litter.remove() }  // nothing is left behind (docs/DAEMON.md)
         lock.release()
         // A run that ended before the listener bound (another service failed first) never listens.
-        listener.listening.happen(failing: failure ?? DaemonError(.services, "the daemon stopped before it listened"))
-        finished.happen()
+        listener.listening.happen(failure ?? DaemonError(.services, "the daemon stopped before it listened"))
+        finished.happen(())
         if let failure {
             logger.debug("stopped: \(failure.message)")
             throw failure

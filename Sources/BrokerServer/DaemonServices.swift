@@ -18,7 +18,7 @@ final class Listener: Service, Sendable {
     private let makeBootstrap: @Sendable () -> ServerBootstrap
     private let logger: Logger
     /// Happens once the socket is in place, or with why it never will be.
-    let listening = Occurrence()
+    let listening = Occurrence<DaemonError?>()
     /// Set once by `run` when it listens (the inode of the socket file it put in place, nil for a handed-over
     /// socket); read by the daemon after `run`.
     private let bound = Mutex<(listened: Bool, inode: ino_t?)>((false, nil))
@@ -39,7 +39,7 @@ final class Listener: Service, Sendable {
         do throws(DaemonError) {
             channel = try await bind()
         } catch {
-            listening.happen(failing: error)
+            listening.happen(error)
             throw error
         }
         var ready: Logger.Metadata = [
@@ -52,7 +52,7 @@ final class Listener: Service, Sendable {
         }
         if case .disabled = configuration.dbus { ready["dbus"] = "off" }
         logger.info("storebrokerd ready", metadata: ready)
-        listening.happen()
+        listening.happen(nil)
         try? await gracefulShutdown()
         logger.info("shutting down")
         try? await channel.close()
@@ -149,42 +149,6 @@ struct SignalLog: Service {
     func run() async throws {
         for await signal in await UnixSignalsSequence(trapping: signals).cancelOnGracefulShutdown() {
             logger.info("received \(signal)")
-        }
-    }
-}
-
-/// Something that happens once (the daemon listening, its run ending), awaited by any number of tasks; the first
-/// `happen` decides, later ones change nothing.
-final class Occurrence: Sendable {
-    private enum State {
-        case pending([CheckedContinuation<DaemonError?, Never>])
-        case happened(DaemonError?)
-    }
-
-    private let state = Mutex(State.pending([]))
-
-    func happen(failing failure: DaemonError? = nil) {
-        let waiters = state.withLock { state -> [CheckedContinuation<DaemonError?, Never>] in
-            guard case .pending(let waiters) = state else { return [] }
-            state = .happened(failure)
-            return waiters
-        }
-        for waiter in waiters { waiter.resume(returning: failure) }
-    }
-
-    /// Waits until it happened; the failure it happened with, if any.
-    func wait() async -> DaemonError? {
-        await withCheckedContinuation { continuation in
-            let happened = state.withLock { state -> DaemonError?? in
-                switch state {
-                case .pending(let waiters):
-                    state = .pending(waiters + [continuation])
-                    return .none
-                case .happened(let failure):
-                    return .some(failure)
-                }
-            }
-            if case .some(let failure) = happened { continuation.resume(returning: failure) }
         }
     }
 }

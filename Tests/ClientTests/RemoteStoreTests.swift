@@ -2,7 +2,6 @@ import Foundation
 @testable import StoreBrokerClient
 import StoreBrokerTesting
 import Testing
-import TestSupport
 import Wire
 
 struct Note: Codable, Sendable, Identifiable, Equatable {
