@@ -1,10 +1,9 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Locking
 import Logging
+import NIOCore
 import StoreModel
-import Synchronization
 
 /// How a broker behaves; built by the daemon from its flags (defaults documented in `storebrokerd --help`).
 public struct BrokerConfiguration: Sendable {
@@ -26,8 +25,8 @@ public struct BrokerConfiguration: Sendable {
     public var maxBatch: Int
     /// The most write requests one engine transaction may carry (group commit).
     public var maxGroupCommit: Int
-    /// The threads writers run on (`--writer-threads`; the server makes them): each store with work is pinned to
-    /// one, calling its engine synchronously; an idle store holds none.
+    /// The threads for blocking engine calls (`--writer-threads`; the server makes them): a store whose engine
+    /// blocks has one job on them per commit group; an idle store holds none.
     public var writerThreads: Int
     /// The longest a store's writer waits, after a slow apply, for the writers it has just answered before it makes
     /// its next group (`--max-group-wait`; zero: never). See `GroupGathering`.
@@ -121,10 +120,12 @@ public struct BrokerRequest: Sendable {
 
 /// The stores and values of one data directory and the requests on them, with no networking.
 ///
-/// Every request passes the interceptor chain, then reaches its store or value namespace; `reply` is called
-/// once, possibly on another thread and possibly before `handle` returns. Requests are carried out in the
-/// order they are submitted per store (writes keep that order in their sequences); reads answer from memory.
-public final class Broker: Sendable {
+/// The broker's state belongs to one event loop, its owner: requests handed in on another thread go to the owner
+/// first, and every `reply` is called there, once, possibly before `handle` returns. Every request passes the
+/// interceptor chain, then reaches its store or value namespace. Requests are carried out in the order they are
+/// submitted per store (writes keep that order in their sequences); reads answer from memory.
+public final class Broker: @unchecked Sendable {
+    // `@unchecked Sendable`: the table of stores, `stopping` and the watchers are touched only on the owner.
     public let configuration: BrokerConfiguration
     public let interceptors: [any RequestInterceptor]
     /// The interceptors whose `observe` does something (`observesOutcomes`), in chain order.
@@ -132,16 +133,16 @@ public final class Broker: Sendable {
     /// The interceptors whose `check` can refuse (`checksRequests`), in chain order.
     private let checkers: [any RequestInterceptor]
     private let environment: StoreEnvironment
-    private let stores = Locked<[String: ManagedStore]>([:])
-    /// Tells this broker from others in the process (`StoreLookup`): never reused, unlike an address.
-    private let identity = Broker.identities.add(1, ordering: .relaxed).newValue
-    private static let identities = Atomic<UInt64>(0)
+    private var stores: [String: ManagedStore] = [:]
     /// Set by `shutdown`.
-    private let stopping = Locked(false)
+    private var stopping = false
     private let values: ValueSpace
     private let secureValues: ValueSpace
-    /// Watches on the shared engine's stores (ABI 2.1), when the default engine shares them.
-    private let watchers = Locked<[SharedWatcher]>([])
+    /// The watch on the shared engine's stores (ABI 2.1), when the default engine shares them.
+    private var watcher: SharedWatcher?
+
+    /// The event loop that owns this broker's state and calls every reply.
+    public var owner: any EventLoop { environment.owner }
 
     /// The built-in chain, in order: request logging (sees every request, rejected ones too), access control
     /// (`--allow-uid`), then the size and naming limits.
@@ -152,12 +153,12 @@ public final class Broker: Sendable {
         ]
     }
 
-    /// Prepares the data directory (creating it with mode 0700 if missing). Engine calls run on `blocking`'s
-    /// threads, which the caller stops after `shutdown()`. Without a `sealer`, secure values are refused
-    /// (`notSupported`).
+    /// Prepares the data directory (creating it with mode 0700 if missing). `owner` owns the broker's state;
+    /// engine calls that block run on `blocking`'s threads, which the caller stops after `shutdown()`. Without a
+    /// `sealer`, secure values are refused (`notSupported`).
     public init(
-        configuration: BrokerConfiguration, engines: any EngineProvider, blocking: any BlockingExecutor,
-        logger: Logger, interceptors: [any RequestInterceptor]? = nil, sealer: (any ValueSealer)? = nil,
+        configuration: BrokerConfiguration, engines: any EngineProvider, owner: any EventLoop,
+        blocking: any BlockingExecutor, logger: Logger, interceptors: [any RequestInterceptor]? = nil, sealer: (any ValueSealer)? = nil,
         observers: [any CommitObserver] = []
     ) throws(BrokerError) {
         self.configuration = configuration
@@ -169,7 +170,7 @@ public final class Broker: Sendable {
         try directory.removeLeftovers()
         let environment = StoreEnvironment(
             directory: directory, engines: engines, configuration: configuration, logger: logger, observers: observers,
-            writers: blocking)
+            owner: owner, blocking: blocking)
         self.environment = environment
         values = ValueSpace(namespace: .value, environment: environment, sealer: nil)
         secureValues = ValueSpace(namespace: .secureValue, environment: environment, sealer: sealer)
@@ -180,24 +181,28 @@ public final class Broker: Sendable {
     /// follow every store another broker commits to (docs/DISTRIBUTED.md).
     private func watchSharedStores(logger: Logger) throws(BrokerError) {
         guard let shared = environment.sharedDefaultEngine else { return }
-        let watcher = try SharedWatcher(
+        let owner = environment.owner
+        watcher = try SharedWatcher(
             engine: shared, options: environment.options(shared), logger: logger,
-            changed: { [weak self] name, position in self?.sharedStoreChanged(name, at: position) },
-            tick: { [weak self] in self?.retryFailedCatchUps() })
-        watchers.withLock { $0.append(watcher) }
-        values.preload()
-        secureValues.preload()
+            changed: { [weak self] name, position in
+                owner.execute { self?.sharedStoreChanged(name, at: position) }
+            },
+            tick: { [weak self] in owner.execute { self?.retryFailedCatchUps() } })
+        owner.execute {
+            self.values.preload()
+            self.secureValues.preload()
+        }
         logger.info("following the stores engine \(shared.name) shares with other brokers")
     }
 
     /// Another broker committed to store `name` (nil: to any store), reaching `position` when the engine says so
     /// (a store already there, by its own commit, has nothing to do).
     private func sharedStoreChanged(_ name: String?, at position: Position?) {
-        guard !stopping.withLock({ $0 }) else { return }
+        guard !stopping else { return }
         guard let name else {
             values.follow()
             secureValues.follow()
-            for store in stores.withLock({ Array($0.values) }) { store.follow() }
+            for store in stores.values { store.follow() }
             return
         }
         switch name {
@@ -207,61 +212,55 @@ public final class Broker: Sendable {
         }
         // Not a name a store can have: a stranger's.
         guard Naming.problem(withName: name) == nil else { return }
-        if let position, let known = stores.withLock({ $0[name] }), known.holds(position) { return }
+        if let position, let known = stores[name], known.holds(position) { return }
         store(name).follow()
     }
 
     private func retryFailedCatchUps() {
         for space in [values, secureValues] where space.catchUpFailed { space.follow() }
-        for store in stores.withLock({ Array($0.values) }) where store.catchUpFailed { store.follow() }
+        for store in stores.values where store.catchUpFailed { store.follow() }
     }
 
     /// Returns once the writer of store `name` is idle (for tests that need a write to find it so).
-    func waitUntilWriterIdle(store name: String) async { await store(name).waitUntilWriterIdle() }
-
-    private func store(_ name: String) -> ManagedStore {
-        stores.withLock { stores in
-            if let store = stores[name] { return store }
-            let store = ManagedStore(
-                name: name, environment: environment, stopping: stopping.withLock { $0 },
-                retire: { [weak self] in self?.retire($0) })
-            stores[name] = store
-            return store
+    func waitUntilWriterIdle(store name: String) async {
+        await withCheckedContinuation { continuation in
+            onOwner { self.store(name).whenIdle { continuation.resume() } }
         }
     }
 
-    /// `store(_:)` for a read of `context`: the store its last read named, if that is the name and the store has not
-    /// been retired since, without the table of stores. That table's lock is shared by every connection and its
-    /// key is the name's hash: a lookup per read would contend for that lock and hash the name every time.
-    private func store(_ name: String, for context: RequestContext) -> ManagedStore {
-        let cached = context.lookup.last.withLock { last -> ManagedStore? in
-            guard let last, last.broker == identity, last.store.name == name else { return nil }
-            return last.store
-        }
-        if let cached, !cached.isRetired { return cached }
-        let found = store(name)
-        context.lookup.last.withLock { $0 = StoreLookup.Entry(broker: identity, store: found) }
-        return found
+    private func store(_ name: String) -> ManagedStore {
+        if let store = stores[name] { return store }
+        let store = ManagedStore(
+            name: name, environment: environment, stopping: stopping, retire: { [unowned self] in self.retire($0) })
+        stores[name] = store
+        return store
     }
 
     /// Forgets `store` if it holds nothing (a store that does not exist, with nothing queued, subscribed or open):
-    /// a client that names a million stores that do not exist leaves nothing behind. Under the table's lock, so
-    /// that whoever looks the name up next finds either this store, not yet retired, or a new one.
+    /// a client that names a million stores that do not exist leaves nothing behind.
     private func retire(_ store: ManagedStore) {
-        stores.withLock { stores in
-            guard stores[store.name] === store, store.retireIfNothingHere() else { return }
-            stores[store.name] = nil
-        }
+        guard stores[store.name] === store, store.retireIfNothingHere() else { return }
+        stores[store.name] = nil
+    }
+
+    /// Runs `body` on the owner: now when called there, else in a task.
+    private func onOwner(_ body: @escaping @Sendable () -> Void) {
+        if environment.owner.inEventLoop { body() } else { environment.owner.execute(body) }
     }
 
     private func valueSpace(_ namespace: Namespace) -> ValueSpace { namespace == .secureValue ? secureValues : values }
 
     /// Carries out `command` for a peer. A `subscribe` needs the `subscription` its pushes will be queued in.
-    /// A read is answered here, with no array of requests around it.
+    /// A read is answered here, with no array of requests around it, when called on the owner.
     public func handle(
         _ command: BrokerCommand, context: RequestContext = .owner, subscription: Subscription? = nil,
         reply: Reply
     ) {
+        guard environment.owner.inEventLoop else {
+            return environment.owner.execute {
+                self.handle(command, context: context, subscription: subscription, reply: reply)
+            }
+        }
         guard !command.isWrite else {
             return handle([BrokerRequest(command, subscription: subscription, reply: reply)], context: context)
         }
@@ -286,6 +285,10 @@ public final class Broker: Sendable {
     /// (from memory, on the caller's thread) unless their store is still loading; the writes for one store
     /// (or value namespace) reach its writer together, in one hand-off, and are answered after their commit.
     public func handle(_ requests: consuming [BrokerRequest], context: RequestContext = .owner) {
+        guard environment.owner.inEventLoop else {
+            let requests = Handover(requests)
+            return environment.owner.execute { self.handle(requests.value, context: context) }
+        }
         var batch = WriteBatch()
         var requests = requests  // moved, not shared: the commands are moved out of it without copying the array
         handle(&requests, context: context, into: &batch)
@@ -331,10 +334,11 @@ public final class Broker: Sendable {
     }
 
     /// `handle(_:context:)` with the writes admitted into `batch` rather than submitted: they reach their writers
-    /// with the batch's other writes when it is submitted. Everything else is carried out now.
+    /// with the batch's other writes when it is submitted. Everything else is carried out now. On the owner only.
     /// Each request's command is moved out, on to its store or namespace (a payload-less one is left in its place):
     /// binding it from the array would copy it, a retain and a release of everything it holds.
     public func handle(_ requests: inout [BrokerRequest], context: RequestContext, into batch: inout WriteBatch) {
+        environment.owner.assertInEventLoop()
         let expected = requests.count
         // Each request read in place, through a buffer pointer: binding it to a local, or reading
         // `requests[index]` from the array, copies it.
@@ -371,14 +375,15 @@ public final class Broker: Sendable {
         }
     }
 
-    /// Hands the writes of `batch` to their writers, one hand-off per store and namespace, and empties it.
+    /// Hands the writes of `batch` to their writers, one hand-off per store and namespace, and empties it. On the
+    /// owner only.
     public func submit(_ batch: inout WriteBatch) {
+        environment.owner.assertInEventLoop()
         // In first-seen order, each array moved out (iterating would copy it, and `submit` moves its writes on).
         for index in batch.storeWrites.indices {
             var writes: [PendingWrite?] = []
             swap(&writes, &batch.storeWrites[index].writes)
-            // A store retired meanwhile leaves them: to the one the name finds now.
-            while !store(batch.storeWrites[index].name).submit(&writes) {}
+            store(batch.storeWrites[index].name).submit(&writes)
             batch.keep(writes)
         }
         batch.storeWrites.removeAll(keepingCapacity: true)
@@ -429,19 +434,14 @@ public final class Broker: Sendable {
         switch command {
         case .listEngines: reply(.success(.engines(environment.engines.engineList())))
         case .listStores:
-            environment.tasks.spawn {
-                do throws(BrokerError) {
-                    let visible = try await self.storeInfos().filter { context.grant.allows($0.name, write: false) }
-                    reply(.success(.stores(visible)))
-                } catch {
-                    reply(.failure(error))
-                }
+            storeInfos { result in
+                reply(result.map { .stores($0.filter { context.grant.allows($0.name, write: false) }) })
             }
-        case .storeInfo(let name): store(name, for: context).info(reply)
-        case .count(let name): store(name, for: context).count(reply)
-        case .get(let name, let ids): store(name, for: context).items(ids, reply)
-        case .range(let name, let after, let limit): store(name, for: context).range(after: after, limit: limit, reply)
-        case .ids(let name, let after, let limit): store(name, for: context).ids(after: after, limit: limit, reply)
+        case .storeInfo(let name): store(name).info(reply)
+        case .count(let name): store(name).count(reply)
+        case .get(let name, let ids): store(name).items(ids, reply)
+        case .range(let name, let after, let limit): store(name).range(after: after, limit: limit, reply)
+        case .ids(let name, let after, let limit): store(name).ids(after: after, limit: limit, reply)
         case .write, .drop, .setValue:
             preconditionFailure("writes are handed to their writer by handle(_:context:)")
         case .getValue(let namespace, let name): valueSpace(namespace).get(name, reply)
@@ -452,94 +452,91 @@ public final class Broker: Sendable {
                 return reply(.failure(BrokerError(.internalError, "a subscribe reached the broker without its subscription")))
             }
             if namespace == .store {
-                while !store(name).subscribe(subscription, start: start, reply) {}  // retired meanwhile: again
+                store(name).subscribe(subscription, start: start, reply)
             } else {
                 valueSpace(namespace).subscribe(subscription, start: start, reply)
             }
         }
     }
 
-    /// The stores of the data directory and, when the default engine shares its stores, those the database holds
-    /// that this broker has not seen yet (other brokers created them), in name byte order.
-    private func storeNames() async throws(BrokerError) -> [String] {
-        let names = try environment.directory.storeNames()
-        guard let shared = environment.sharedDefaultEngine else { return names }
-        let options = environment.options(shared)
-        // A query of the database: on a writer thread, made for blocking calls, not on the task's.
-        let listed: Result<[String], BrokerError> = await withCheckedContinuation { continuation in
-            environment.onWriter {
-                continuation.resume(
-                    returning: Result { () throws(BrokerError) in
-                        try EnginePlace.engineCall { () throws(EngineFailure) in try shared.storeNames(options: options) }
-                    })
+    /// Every existing store, in name byte order: the stores of the data directory and, when the default engine
+    /// shares its stores, those the database holds that this broker has not seen yet (other brokers created them).
+    private func storeInfos(_ done: @escaping (Result<[StoreInfo], BrokerError>) -> Void) {
+        let directory = environment.directory
+        let shared = environment.sharedDefaultEngine
+        let options = shared.map { environment.options($0) } ?? [:]
+        // A directory listing and a query of the database: blocking work.
+        environment.offOwner({
+            Result { () throws(BrokerError) -> [String] in
+                let names = try directory.storeNames()
+                guard let shared else { return names }
+                let elsewhere = try EnginePlace.engineCall { () throws(EngineFailure) in
+                    try shared.storeNames(options: options)
+                }.filter { Naming.problem(withName: $0) == nil }
+                return Array(Set(names).union(elsewhere)).sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+            }
+        }) { listed in
+            switch listed {
+            case .failure(let error): done(.failure(error))
+            case .success(let names): self.storeInfos(names[...], into: [], done)
             }
         }
-        let elsewhere = try listed.get().filter { Naming.problem(withName: $0) == nil }
-        return Array(Set(names).union(elsewhere)).sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
     }
 
-    /// Every existing store, in name byte order.
-    private func storeInfos() async throws(BrokerError) -> [StoreInfo] {
-        var infos: [StoreInfo] = []
-        for name in try await storeNames() {
-            let store = store(name)
-            do throws(BrokerError) {
-                try await store.loaded()
-            } catch {
+    /// The infos of `names`, each store loaded in turn, appended to `infos`.
+    private func storeInfos(
+        _ names: ArraySlice<String>, into infos: [StoreInfo], _ done: @escaping (Result<[StoreInfo], BrokerError>) -> Void
+    ) {
+        guard let name = names.first else { return done(.success(infos)) }
+        let store = store(name)
+        store.whenLoaded { failure in
+            var infos = infos
+            if failure != nil {
                 // Listed, and marked: a store that exists but cannot be served has an epoch and sequence 0
                 // (docs/PROTOCOL.md); a request on it answers why.
-                let manifest = try? environment.directory.manifest(environment.directory.store(name))
+                let manifest = try? self.environment.directory.manifest(self.environment.directory.store(name))
                 infos.append(
                     StoreInfo(
                         name: name, epoch: manifest?.epoch ?? StoreInfo.unknownEpoch, sequence: 0, count: 0,
                         engine: manifest?.engine ?? ""))
-                continue
+            } else {
+                let info = store.currentInfo()
+                if info.sequence > 0 { infos.append(info) }
             }
-            let info = store.currentInfo()
-            if info.sequence > 0 { infos.append(info) }
+            self.storeInfos(names.dropFirst(), into: infos, done)
         }
-        return infos
     }
 
     /// Ends `subscription`; no push of it is queued afterwards.
     public func unsubscribe(_ subscription: Subscription) {
-        switch subscription.namespace {
-        case .store:
-            let store = stores.withLock { $0[subscription.name] }
-            if let store { store.unsubscribe(subscription) } else { subscription.cancel() }
-        case .value, .secureValue:
-            valueSpace(subscription.namespace).unsubscribe(subscription)
+        onOwner {
+            switch subscription.namespace {
+            case .store:
+                if let store = self.stores[subscription.name] { store.unsubscribe(subscription) } else { subscription.cancel() }
+            case .value, .secureValue:
+                self.valueSpace(subscription.namespace).unsubscribe(subscription)
+            }
         }
     }
 
-    /// Refuses new writes, finishes the queued ones and closes every engine store; returns once every task the
-    /// broker started (loads in flight included, whose engine stores are then closed) has ended.
+    /// Refuses new writes, finishes the queued ones and closes every engine store; returns once every blocking
+    /// job the broker started (loads in flight included, whose engine stores are then closed) has come back.
     public func shutdown() async {
-        for watcher in watchers.withLock({ $0 }) { await watcher.stop() }
-        let all = stores.withLock { stores in
-            stopping.withLock { $0 = true }  // stores made from now on start stopped
-            return Array(stores.values)
+        if let watcher { await watcher.stop() }
+        let owner = environment.owner
+        let closed = owner.makePromise(of: Void.self)
+        onOwner {
+            self.stopping = true  // stores made from now on start stopped
+            var open = self.stores.count + 2
+            let jobs = self.environment.jobs
+            let one = {
+                open -= 1
+                if open == 0 { jobs.whenAllEnded { closed.succeed() } }
+            }
+            for store in self.stores.values { store.shutdown(one) }
+            self.values.shutdown(one)
+            self.secureValues.shutdown(one)
         }
-        await withTaskGroup(of: Void.self) { group in
-            for store in all { group.addTask { await store.shutdown() } }
-            group.addTask { await self.values.shutdown() }
-            group.addTask { await self.secureValues.shutdown() }
-        }
-        await environment.tasks.waitForAll()
+        try? await closed.futureResult.get()
     }
-}
-
-/// The store a connection's last read named (`Broker.store(_:for:)`): a connection reads one store, usually, and
-/// asking the broker's table for it every time would take a lock every connection shares. Holds one store at
-/// most, with the identity of the broker it came from (a context can be used with several brokers in one process:
-/// `RequestContext.owner`); a retired one is looked up again.
-final class StoreLookup: Sendable {
-    struct Entry {
-        /// `Broker.identity` (not a reference: a weak one costs an atomic operation on the broker, which every
-        /// connection shares, per read).
-        let broker: UInt64
-        let store: ManagedStore
-    }
-
-    let last = Locked<Entry?>(nil)
 }

@@ -64,57 +64,6 @@ struct GroupGathering {
     }
 }
 
-/// One thread sleeps until another rings or a deadline passes (a condition variable on the monotonic clock).
-final class Doorbell: @unchecked Sendable {
-    // `@unchecked Sendable`: `rung` is touched only with `mutex` held.
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    private let condition: UnsafeMutablePointer<pthread_cond_t>
-    private var rung = false
-
-    init() {
-        mutex = .allocate(capacity: 1)
-        mutex.initialize(to: pthread_mutex_t())
-        pthread_mutex_init(mutex, nil)
-        condition = .allocate(capacity: 1)
-        condition.initialize(to: pthread_cond_t())
-        var attributes = pthread_condattr_t()
-        pthread_condattr_init(&attributes)
-        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
-        pthread_cond_init(condition, &attributes)
-        pthread_condattr_destroy(&attributes)
-    }
-
-    deinit {
-        pthread_cond_destroy(condition)
-        condition.deallocate()
-        pthread_mutex_destroy(mutex)
-        mutex.deallocate()
-    }
-
-    /// Forgets an earlier ring (before the sleeper decides to wait).
-    func reset() {
-        pthread_mutex_lock(mutex)
-        rung = false
-        pthread_mutex_unlock(mutex)
-    }
-
-    func ring() {
-        pthread_mutex_lock(mutex)
-        rung = true
-        pthread_mutex_unlock(mutex)
-        pthread_cond_signal(condition)  // after unlocking: a waiter woken under the mutex would only sleep on it again
-    }
-
-    /// Sleeps until rung (since the last `reset()`) or for `nanoseconds`.
-    func wait(nanoseconds: UInt64) {
-        let deadline = monotonicNanoseconds() + nanoseconds
-        var time = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
-        pthread_mutex_lock(mutex)
-        while !rung, pthread_cond_timedwait(condition, mutex, &time) != ETIMEDOUT {}
-        pthread_mutex_unlock(mutex)
-    }
-}
-
 /// The monotonic clock, in nanoseconds.
 func monotonicNanoseconds() -> UInt64 {
     var now = timespec()

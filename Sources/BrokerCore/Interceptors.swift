@@ -103,22 +103,20 @@ public struct AccessPolicy: Hashable, Sendable {
 /// Everything an interceptor knows about a request besides the request itself.
 ///
 /// Its fields live in one object: every request carries its connection's context through the broker, and a copy
-/// costs one reference count, not one for each field that holds a reference (the grant's rules, the client's name,
-/// the lookup). Setting a field makes a new object; the lookup and `submitter` stay the context's.
+/// costs one reference count, not one for each field that holds a reference (the grant's rules, the client's
+/// name). Setting a field makes a new object; `submitter` stays the context's.
 public struct RequestContext: Sendable {
     private final class Fields: Sendable {
         let peer: Peer
         let grant: Grant
         let clientName: String
         let submitter: UInt64
-        let lookup: StoreLookup
 
-        init(peer: Peer, grant: Grant, clientName: String, submitter: UInt64, lookup: StoreLookup) {
+        init(peer: Peer, grant: Grant, clientName: String, submitter: UInt64) {
             self.peer = peer
             self.grant = grant
             self.clientName = clientName
             self.submitter = submitter
-            self.lookup = lookup
         }
     }
 
@@ -126,27 +124,24 @@ public struct RequestContext: Sendable {
 
     public var peer: Peer {
         get { fields.peer }
-        set { fields = Fields(peer: newValue, grant: grant, clientName: clientName, submitter: submitter, lookup: lookup) }
+        set { fields = Fields(peer: newValue, grant: grant, clientName: clientName, submitter: submitter) }
     }
     public var grant: Grant {
         get { fields.grant }
-        set { fields = Fields(peer: peer, grant: newValue, clientName: clientName, submitter: submitter, lookup: lookup) }
+        set { fields = Fields(peer: peer, grant: newValue, clientName: clientName, submitter: submitter) }
     }
     /// The name the client gave in its `hello`.
     public var clientName: String {
         get { fields.clientName }
-        set { fields = Fields(peer: peer, grant: grant, clientName: newValue, submitter: submitter, lookup: lookup) }
+        set { fields = Fields(peer: peer, grant: grant, clientName: newValue, submitter: submitter) }
     }
     /// Tells this context's requests from other contexts' (a connection's, for the daemon): a store's writer
     /// groups the writes of the writers it has just answered (see `ManagedStore`).
     public var submitter: UInt64 { fields.submitter }
-    /// The store this context's last read named (shared by the context's copies).
-    var lookup: StoreLookup { fields.lookup }
 
     public init(peer: Peer, grant: Grant, clientName: String) {
         fields = Fields(
-            peer: peer, grant: grant, clientName: clientName, submitter: Self.submitters.add(1, ordering: .relaxed).newValue,
-            lookup: StoreLookup())
+            peer: peer, grant: grant, clientName: clientName, submitter: Self.submitters.add(1, ordering: .relaxed).newValue)
     }
 
     private static let submitters = Atomic<UInt64>(0)

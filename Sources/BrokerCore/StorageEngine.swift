@@ -181,7 +181,7 @@ public protocol StorageEngine: Sendable {
 }
 
 /// One open store of an engine. Every call blocks until the engine is done: the broker makes them one at a time,
-/// from the store's writer (a thread of the writer pool, made for blocking work), never from an event loop.
+/// from a thread made for blocking work, or, for an engine that declares `nonblocking`, from its owner loop.
 public protocol EngineStore: AnyObject, Sendable {
     /// The sequence recorded by the last `apply`, as read when the store was opened (0 for a new store).
     var openedSequence: UInt64 { get }

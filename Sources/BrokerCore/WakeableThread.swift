@@ -5,8 +5,8 @@ import Locking
 /// way its owner wakes it (a pipe, so that the wait can include a descriptor of the work's): `wait` sleeps until `wake()`, until a descriptor of the work's is readable, or until a
 /// timeout; `stop()` wakes it for good (`isStopping`); `join()` waits until the body has returned.
 ///
-/// The daemon's event loops never block; these threads are where blocking work goes. (The writer threads that
-/// call engines are the `BlockingExecutor`'s.)
+/// The daemon's owner loop never blocks; these threads wait on descriptors of foreign libraries (libdbus, a
+/// shared engine's watch). (The threads that call engines are the `BlockingExecutor`'s.)
 public final class WakeableThread: Sendable {
     /// A pipe: a byte written to `wakeWrite` ends the thread's `wait`.
     private let wakeRead: Int32

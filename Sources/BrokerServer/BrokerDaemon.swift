@@ -243,8 +243,11 @@ public final class BrokerDaemon: Sendable {
             let threads = BlockingThreads(count: configuration.broker.writerThreads)
             let broker: Broker
             do {
+                // One loop owns every store and serves every connection, as Redis's one thread does: requests reach
+                // their store with no hand-off between threads and no lock.
                 broker = try Broker(
-                    configuration: configuration.broker, engines: engines, blocking: threads, logger: logger,
+                    configuration: configuration.broker, engines: engines,
+                    owner: MultiThreadedEventLoopGroup.singleton.next(), blocking: threads, logger: logger,
                     sealer: sealer, observers: publisher.map { [$0] } ?? [])
             } catch {
                 threads.pool.shutdownGracefully { _ in }
@@ -361,7 +364,8 @@ public final class BrokerDaemon: Sendable {
         let timeouts = Timeouts(handshake: configuration.handshakeTimeout, frame: configuration.frameTimeout)
         let acceptTrouble = AcceptTroubleLog(logger: logger)
         let reserve = DescriptorReserve()
-        return ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        let turn = LoopTurn(broker: broker)
+        return ServerBootstrap(group: broker.owner)
             .serverChannelOption(.backlog, value: Int32(clamping: configuration.listenBacklog))
             .serverChannelInitializer { channel in
                 // Out of descriptors (EMFILE): stop accepting for a moment instead of retrying at once, with one
@@ -423,7 +427,7 @@ public final class BrokerDaemon: Sendable {
                     return channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(
                             ConnectionHandler(
-                                broker: broker, limits: limits, subscriberBuffer: subscriberBuffer,
+                                broker: broker, turn: turn, limits: limits, subscriberBuffer: subscriberBuffer,
                                 subscriptions: subscriptions, registry: registry, budget: budget, timeouts: timeouts, context: context,
                                 logger: connectionLogger))
                     }

@@ -8,20 +8,21 @@ import Wire
 
 /// One client connection on its channel: performs what `ConnectionStateMachine` decides.
 ///
-/// Everything here runs on the channel's event loop. Each channel event goes to the machine; the actions it
-/// returns are performed in order. An answer the broker gives at once (a read from memory) arrives while
-/// actions are being performed: its actions queue behind the current ones, and the connection flushes once
-/// when the queue is empty, so one read cycle is one flush however many requests it carried.
+/// Everything here runs on the broker's owner loop, which every connection shares (`Broker.owner`). Each
+/// channel event goes to the machine; the actions it returns are performed in order. An answer the broker gives
+/// at once (a read from memory) arrives while actions are being performed: its actions queue behind the current
+/// ones, and the connection flushes once when the queue is empty, so one read cycle is one flush however many
+/// requests it carried.
 ///
-/// The writes one read cycle starts go to the loop's `LoopWrites` together when the actions are done: those of
-/// the turn's first connection reach the broker at once, those of the connections after it together at the
-/// turn's end (one hand-off and one group per store), each connection taking what that commit gave it as one
-/// event. Answers from other threads (a writer's commit group, a load) land in the connection's inbox, and one
-/// event-loop task takes whatever has gathered there into the machine as one event: one flush per batch of
-/// answers, not per answer, and one task per loop for all its connections a commit answered (`LoopMailbox`).
-/// Pushes waiting in the connection's subscriptions go through the same inbox, so what one commit gives a connection (its event in a
-/// subscription and the answer to the write) leaves in one write, the pushes first: a client that follows the
-/// store it writes to is woken once, with its mirror already showing the write when the answer arrives.
+/// The writes one read cycle starts go to the loop's `LoopTurn` together when the actions are done: those of the
+/// turn's first connection reach the broker at once, those of the connections after it together at the turn's end
+/// (one group per store), each connection taking what that commit gave it as one event. Answers given outside the
+/// connection's own events (a commit back from a blocking thread, a load) and news of pushes waiting in its
+/// subscriptions are gathered, and one task of the loop takes them for every connection so answered, each as one
+/// event: one flush per batch of answers, not per answer. The pushes are taken first, so what one commit gives a
+/// connection (its event in a subscription and the answer to the write) leaves in one write, the event first: a
+/// client that follows the store it writes to is woken once, with its mirror already showing the write when the
+/// answer arrives.
 final class ConnectionHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
@@ -40,21 +41,23 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private var machine: ConnectionStateMachine?
 
     private var pending = Deque<ConnectionStateMachine.Action>()
-    /// The writes started by the actions being performed, handed to the loop's writes once they are done.
+    /// The writes started by the actions being performed, handed to the loop's turn once they are done.
     private var writes: [BrokerRequest] = []
     private var spareWrites: [BrokerRequest] = []
-    /// Where this loop's connections hand in their writes, submitted together at the end of the loop's turn.
-    private var loopWrites: LoopWrites?
-    /// This connection has writes in `loopWrites` this turn (`LoopWrites` lists each connection once).
+    /// Where the loop's connections hand in their writes and say they were answered.
+    private let turn: LoopTurn
+    /// This connection has writes in `turn` this turn (`LoopTurn` lists each connection once).
     var writesInTurn = false
-    private let inbox = AnswerInbox()
+    /// This connection waits in `turn` to take its gathered answers.
+    var answersInTurn = false
     /// Where the broker's answers to this connection go (made with the context; it holds this handler, so it is
     /// let go at removal).
     private var replies: ConnectionReplies?
-    /// Answers taken into the machine together, as one event, once the actions are done: write answers given
-    /// on this loop while actions were being performed (a commit made on the event loop), and the inbox's.
-    private var answeredHere: [AnswerInbox.Answer] = []
-    private var spareAnswers: [AnswerInbox.Answer] = []
+    typealias Answer = (UInt64, Result<BrokerAnswer, BrokerError>)
+    /// Write answers taken into the machine together, as one event, once the actions are done (or, given outside
+    /// the connection's events, when the turn takes them).
+    private var answeredHere: [Answer] = []
+    private var spareAnswers: [Answer] = []
     /// The subscriptions with pushes waiting that the actions being performed have not taken yet (taken before
     /// `answeredHere`, so that a commit's event precedes its answer).
     private var pushesHere: [UInt32] = []
@@ -86,11 +89,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
     static let writeBufferWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 64 * 1024, high: 256 * 1024)
 
     init(
-        broker: Broker, limits: ServerSession.Limits, subscriberBuffer: Int, subscriptions: SubscriptionQuota,
-        registry: ConnectionRegistry,
-        budget: ByteBudget, timeouts: Timeouts, context: RequestContext, logger: Logger
+        broker: Broker, turn: LoopTurn, limits: ServerSession.Limits, subscriberBuffer: Int,
+        subscriptions: SubscriptionQuota, registry: ConnectionRegistry, budget: ByteBudget, timeouts: Timeouts,
+        context: RequestContext, logger: Logger
     ) {
         self.broker = broker
+        self.turn = turn
         self.budget = budget
         self.timeouts = timeouts
         self.requestContext = context
@@ -105,10 +109,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         self.context = context
         let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
         let subscriberBuffer = subscriberBuffer
-        let inbox = inbox
-        let mailbox = LoopMailbox.of(context.eventLoop)
-        loopWrites = LoopWrites.of(context.eventLoop, broker: broker)
-        replies = ConnectionReplies(loop: loop, inbox: inbox, mailbox: mailbox)
+        replies = ConnectionReplies(loop: loop)
         machine = ConnectionStateMachine(
             configuration: .init(
                 limits: limits, timeouts: timeouts, highWatermark: Self.writeBufferWaterMark.high),
@@ -117,11 +118,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 Subscription(
                     id: id, namespace: namespace, name: name, capacity: subscriberBuffer,
                     wake: {
-                        if loop.eventLoop.inEventLoop, loop.value.performing {
-                            loop.value.pushesHere.append(id)  // a commit made here: its pushes leave with its answers
-                        } else if inbox.notePushes(id), mailbox.post(loop) {
-                            HandOffs.handOff { mailbox.schedule() }
-                        }
+                        // On the owner, by the commit: its pushes leave with its answers.
+                        let handler = loop.value
+                        handler.pushesHere.append(id)
+                        if !handler.performing { handler.turn.answered(handler) }
                     })
             })
     }
@@ -253,7 +253,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 var batch: [BrokerRequest] = []
                 swap(&batch, &writes)
                 swap(&writes, &spareWrites)
-                loopWrites?.add(&batch, context: requestContext, from: self)
+                turn.add(&batch, context: requestContext, from: self)
                 batch.removeAll(keepingCapacity: true)
                 spareWrites = batch
                 continue
@@ -265,7 +265,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 continue
             }
             if !answeredHere.isEmpty {
-                var answers: [AnswerInbox.Answer] = []
+                var answers: [Answer] = []
                 swap(&answers, &answeredHere)
                 swap(&answeredHere, &spareAnswers)
                 event { $0.answered(answers, io: $1) }
@@ -408,17 +408,18 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
     }
 
-    /// An answer given on this loop.
+    /// An answer from the broker. A write's waits to be taken with the others its commit gave.
     /// (Not through `event`: a closure capturing `result` would copy it.)
     fileprivate func answer(slot: UInt64, _ result: consuming Result<BrokerAnswer, BrokerError>, isWrite: Bool) {
-        if isWrite, performing {
+        if isWrite {
             answeredHere.append((slot, result))
+            if !performing { turn.answered(self) }
         } else if let io = ioState() {
             perform(machine!.answered(slot: slot, result, io: io))
         }
     }
 
-    /// While the loop submits its turn's writes (`LoopWrites`): the answers and pushes the commit gives this
+    /// While the loop submits its turn's writes (`LoopTurn`): the answers and pushes the commit gives this
     /// connection on this loop wait, as they do while actions are performed, to be taken as one event after.
     func beginTakingAnswers() {
         performing = true
@@ -430,11 +431,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
         perform([])
     }
 
-    /// Everything answered from other threads since the last time, as one event, after the pushes waiting.
-    func takeInbox() {
-        let (answers, pushes) = inbox.takeAll()
-        pushesHere.append(contentsOf: pushes)
-        answeredHere.append(contentsOf: answers)
+    /// Everything answered outside this connection's events since the last time, as one event, after the pushes
+    /// waiting.
+    func takeAnswered() {
         perform([])
     }
 
@@ -448,32 +447,20 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 }
 
-/// The broker's answers to one connection: on its event loop they go into the machine (a read's at once, for it
-/// must count before the next request starts; a write's gathered until the actions being performed are done),
-/// from other threads into the inbox, which the loop empties in one task.
+/// The broker's answers to one connection, given on the owner loop, which is the connection's.
 private final class ConnectionReplies: ReplyReceiver {
     private let loop: NIOLoopBound<ConnectionHandler>
-    private let inbox: AnswerInbox
-    private let mailbox: LoopMailbox
     /// A token's top bit: the request is a write.
     private static let writeBit: UInt64 = 1 << 63
 
-    init(loop: NIOLoopBound<ConnectionHandler>, inbox: AnswerInbox, mailbox: LoopMailbox) {
+    init(loop: NIOLoopBound<ConnectionHandler>) {
         self.loop = loop
-        self.inbox = inbox
-        self.mailbox = mailbox
     }
 
     static func token(slot: UInt64, isWrite: Bool) -> UInt64 { isWrite ? slot | writeBit : slot }
 
     func receive(_ result: consuming Result<BrokerAnswer, BrokerError>, token: UInt64) {
-        let slot = token & ~Self.writeBit
-        if loop.eventLoop.inEventLoop {
-            loop.value.answer(slot: slot, result, isWrite: token & Self.writeBit != 0)
-        } else if inbox.post(slot, result), mailbox.post(loop) {
-            let mailbox = mailbox
-            HandOffs.handOff { mailbox.schedule() }
-        }
+        loop.value.answer(slot: token & ~Self.writeBit, result, isWrite: token & Self.writeBit != 0)
     }
 }
 
@@ -481,58 +468,6 @@ private struct IOSnapshot {
     var channelBytes: Int
     var isWritable: Bool
     var now: NIODeadline
-}
-
-/// Answers given on other threads (writers) and news of pushes waiting in the connection's subscriptions,
-/// gathered until the connection's event loop takes them: the first of a batch puts the connection in its loop's
-/// mailbox (`LoopMailbox`), the others only join it.
-final class AnswerInbox: Sendable {
-    typealias Answer = (UInt64, Result<BrokerAnswer, BrokerError>)
-    private struct State {
-        var answers: [Answer] = []
-        /// The subscriptions that said they have pushes waiting.
-        var pushes: [UInt32] = []
-        var scheduled = false
-        /// How many answers the last batch held: the next one starts with room for as many (one allocation per
-        /// batch, not one per doubling).
-        var lastCount = 0
-
-        /// Marks the task scheduled; true when the caller must schedule it.
-        mutating func schedule() -> Bool {
-            defer { scheduled = true }
-            return !scheduled
-        }
-    }
-    private let state = Locked(State())
-
-    /// Adds an answer; true when the caller must schedule the task that takes them.
-    func post(_ slot: UInt64, _ result: Result<BrokerAnswer, BrokerError>) -> Bool {
-        state.withLock { state in
-            if state.answers.isEmpty { state.answers.reserveCapacity(state.lastCount) }
-            state.answers.append((slot, result))
-            return state.schedule()
-        }
-    }
-
-    /// Notes that subscription `id` has pushes waiting; true when the caller must schedule the task.
-    func notePushes(_ id: UInt32) -> Bool {
-        state.withLock { state in
-            state.pushes.append(id)
-            return state.schedule()
-        }
-    }
-
-    func takeAll() -> (answers: [Answer], pushes: [UInt32]) {
-        state.withLock { state in
-            state.scheduled = false
-            state.lastCount = state.answers.count
-            defer {
-                state.answers = []
-                state.pushes = []
-            }
-            return (state.answers, state.pushes)
-        }
-    }
 }
 
 /// The time limits a connection lives under.

@@ -10,8 +10,8 @@ import Glibc
 
 /// An engine loaded from a shared library, seen through the `StorageEngine` interface.
 ///
-/// Every call into the library blocks the calling thread, which the broker makes its store's writer (a thread
-/// of its writer pool, made for blocking work; never an event loop or the cooperative pool). Each open store
+/// Every call into the library blocks the calling thread, which the broker makes one of its threads for blocking
+/// work (or its owner loop, for an engine that declares `nonblocking`; never the cooperative pool). Each open store
 /// holds a lock around its calls, which is what serializes calls on one store as the ABI requires, whoever
 /// calls.
 ///

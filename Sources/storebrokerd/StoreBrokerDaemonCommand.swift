@@ -76,8 +76,8 @@ struct StoreBrokerDaemonCommand: AsyncParsableCommand {
     @Option(
         name: .customLong("writer-threads"),
         help: ArgumentHelp(
-            "Threads that stores' writers run on: each store with writes waiting is pinned to one and calls its engine "
-                + "there; an idle store holds none.", valueName: "n"))
+            "Threads for engine calls that may block: loads, drops, and the commit groups of an engine that is not "
+                + "nonblocking, one job per group; an idle store holds none.", valueName: "n"))
     var writerThreads: Int = 4
 
     @Option(

@@ -31,7 +31,7 @@ private func withBroker(
         if let maxGroupCommit { configuration.maxGroupCommit = maxGroupCommit }
         let threads = TestThreads(writerThreads)
         let broker = try Broker(
-            configuration: configuration, engines: engine, blocking: threads,
+            configuration: configuration, engines: engine, owner: threads.owner, blocking: threads,
             logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         try await body(broker, engine)
         await broker.shutdown()
@@ -166,54 +166,47 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
         }
     }
 
-    /// What a retired store does with what still reaches it (a request that looked it up just before): a write
-    /// and a subscription are given back untouched, for the broker to hand to the store it looks up again; a store
-    /// with a subscriber, or with items, is never retired.
-    @Test func aRetiredStoreGivesWritesAndSubscriptionsBack() async throws {
+    /// A store is let go of only when it holds nothing: not one with a subscriber, nor one with items.
+    @Test func aStoreIsRetiredOnlyWhenItHoldsNothing() async throws {
         try await withTemporaryDirectory(prefix: "sb-retire") { directory in
             let engine = TestEngine()
             let dataDirectory = DataDirectory(root: directory)
             _ = try dataDirectory.prepare()
+            let threads = TestThreads(1)
+            defer { threads.stopSoon() }
             let environment = StoreEnvironment(
                 directory: dataDirectory, engines: engine,
                 configuration: BrokerConfiguration(dataDirectory: directory, defaultEngine: "test"),
-                logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }), writers: TestThreads(1))
-            defer { (environment.writers as? TestThreads)?.pool.shutdownGracefully { _ in } }
-            func count(_ store: ManagedStore) async -> Result<BrokerAnswer, BrokerError> {
-                await withCheckedContinuation { c in store.count(Reply { c.resume(returning: $0) }) }
+                logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }), owner: threads.owner,
+                blocking: threads)
+            let owner = threads.owner
+            /// `body` on the owner, once the reply it is given has been called.
+            func onOwner(_ body: @escaping @Sendable (Reply) -> Void) async {
+                _ = await withCheckedContinuation { c in owner.execute { body(Reply { c.resume(returning: $0) }) } }
             }
-            /// The writes given back (untouched), or nil when the store took them (and emptied the list).
-            func insert(_ store: ManagedStore, _ reply: Reply) -> [PendingWrite?]? {
-                var writes: [PendingWrite?] = [
-                    PendingWrite(kind: .write(.insert([item("a")])), condition: .unconditional, submitter: 1, reply: reply)
-                ]
-                return store.submit(&writes) ? nil : writes
+            func retired(_ store: ManagedStore) async throws -> Bool {
+                try await owner.submit { store.retireIfNothingHere() }.get()
             }
 
             let empty = ManagedStore(name: "empty", environment: environment)
-            _ = await count(empty)  // loaded: it does not exist
+            await onOwner { empty.count($0) }  // loaded: it does not exist
             let watched = ManagedStore(name: "watched", environment: environment)
             let subscription = Subscription(id: 1, namespace: .store, name: "watched", capacity: 10, wake: {})
-            _ = await withCheckedContinuation { c in
-                #expect(watched.subscribe(subscription, start: .snapshot, Reply { c.resume(returning: $0) }))
-            }
-            #expect(!watched.retireIfNothingHere(), "a store with a subscriber was retired")
+            await onOwner { watched.subscribe(subscription, start: .snapshot, $0) }
+            #expect(try await !retired(watched), "a store with a subscriber was retired")
             let written = ManagedStore(name: "written", environment: environment)
-            _ = await withCheckedContinuation { c in #expect(insert(written, Reply { c.resume(returning: $0) }) == nil) }
-            await written.waitUntilWriterIdle()
-            #expect(!written.retireIfNothingHere(), "a store with items was retired")
-
-            #expect(empty.retireIfNothingHere())
-            #expect(!empty.retireIfNothingHere(), "retired twice")
-            #expect(insert(empty, Reply { _ in Issue.record("a retired store answered a write") })?.count == 1)
-            let late = Subscription(id: 2, namespace: .store, name: "empty", capacity: 10, wake: {})
-            #expect(!empty.subscribe(late, start: .snapshot, Reply { _ in Issue.record("a retired store subscribed") }))
-            guard case .success(.count(let position, 0)) = await count(empty) else {
-                Issue.record("a retired store did not answer a read")
-                return
+            await onOwner { reply in
+                var writes: [PendingWrite?] = [
+                    PendingWrite(kind: .write(.insert([item("a")])), condition: .unconditional, submitter: 1, reply: reply)
+                ]
+                written.submit(&writes)
             }
-            #expect(position.sequence == 0)
+            #expect(try await !retired(written), "a store with items was retired")
+            #expect(try await retired(empty))
+            #expect(try await !retired(empty), "retired twice")
             #expect(engine.state.withLock { $0.applies.count } == 1)  // the one write to "written"
+            await withCheckedContinuation { c in owner.execute { written.shutdown { c.resume() } } }
+            await withCheckedContinuation { c in owner.execute { watched.shutdown { c.resume() } } }
         }
     }
 
@@ -318,8 +311,8 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
         }
     }
 
-    /// The items a commit replaces or removes, and the events history lets go of, are released after the writer's
-    /// turn rather than inside the commit (`ManagedStore.Leftovers`): released all the same, soon after the answer.
+    /// The items a commit replaces or removes, and the events history lets go of, are released once the commit is
+    /// answered: soon after the answer.
     @Test func whatACommitReplacesOrRemovesIsFreedOnceTheWriterIsDone() async throws {
         try await withBroker(history: 1) { broker, engine in
             // The storage of the item memory holds for `id`, watched weakly from here on.
@@ -354,9 +347,8 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
 }
 
 extension StoreSemantics {
-    /// A connection's reads go to the store its last read named without asking the broker's table
-    /// (`StoreLookup`); a store retired meanwhile (it did not exist and nothing was going on) is never answered
-    /// from: once another connection has created the store, the first sees it.
+    /// A store retired after a read (it did not exist and nothing was going on) is never answered from again: once
+    /// another connection has created the store, the first sees it.
     @Test func aConnectionsCachedStoreIsNeverARetiredOne() async throws {
         try await withBroker { broker, _ in
             func ask(_ command: BrokerCommand, as context: RequestContext) async -> Result<BrokerAnswer, BrokerError> {
@@ -586,27 +578,26 @@ private final class Answers: @unchecked Sendable {
         }
     }
 
-    /// A blocking engine is called on a writer thread, never on the thread that handed the write in (an event
-    /// loop); a `nonblocking` engine whose store is open and idle commits right there, with no hand-off.
-    @Test func blockingEnginesRunOnWriterThreadsNonblockingOnesWhereTheRequestCame() async throws {
+    /// A blocking engine is called on a thread for blocking work, never on the owner loop; a `nonblocking` engine
+    /// whose store is open and idle commits on the owner, with no hand-off, whatever thread handed the write in.
+    @Test func blockingEnginesRunOnBlockingThreadsNonblockingOnesOnTheOwner() async throws {
         for capabilities: EngineCapabilities in [[.persistent, .atomic], [.atomic, .nonblocking]] {
             try await withBroker(engine: TestEngine(capabilities: capabilities)) { broker, engine in
-                _ = await ask(broker, .write(store: "s", .insert([item("created")])))  // a store's creation: a writer's
-                // That writer answers before it goes idle; a write arriving meanwhile would queue behind it.
+                _ = await ask(broker, .write(store: "s", .insert([item("created")])))  // a store's creation: blocking
                 await broker.waitUntilWriterIdle(store: "s")
-                let submitter = Mutex<UInt>(0)
+                let ownerThread = try await broker.owner.submit { Writers.thisThread }.get()
                 let thread = Thread {
-                    submitter.withLock { $0 = Writers.thisThread }
                     broker.handle([BrokerRequest(.write(store: "s", .insert([item("a")]))) { _ in }])
                 }
                 thread.start()
                 #expect(await engine.waitForApplies(2))
                 let applyThreads = engine.state.withLock { $0.applyThreads }
                 guard applyThreads.count == 2 else { return }
+                #expect(applyThreads[0] != ownerThread, "a store's creation ran on the owner")
                 if capabilities.contains(.nonblocking) {
-                    #expect(applyThreads[1] == submitter.withLock { $0 }, "a nonblocking engine's commit was handed over")
+                    #expect(applyThreads[1] == ownerThread, "a nonblocking engine's commit was handed over")
                 } else {
-                    #expect(applyThreads[1] != submitter.withLock { $0 }, "a blocking engine ran on the submitting thread")
+                    #expect(applyThreads[1] != ownerThread, "a blocking engine ran on the owner")
                 }
             }
         }
@@ -629,16 +620,20 @@ private final class Answers: @unchecked Sendable {
             try await answers.waitFor(2)
             #expect(engine.state.withLock { $0.applies.count } == 3)
             // In one batch: one group, one apply with both peers' steps, each answered with its own sequence.
-            var batch = Broker.WriteBatch()
-            for (index, peer) in peers.enumerated() {
-                var requests = [
-                    BrokerRequest(.write(store: "s", .insert([item("two-\(index)")]))) { answers.add(2 + index, $0) }
-                ]
-                broker.handle(&requests, context: peer, into: &batch)
-            }
-            #expect(engine.state.withLock { $0.applies.count } == 3, "a batched write reached the store before submit")
-            broker.submit(&batch)
-            #expect(batch.isEmpty)
+            let (appliesBeforeSubmit, emptied) = try await broker.owner.submit {
+                var batch = Broker.WriteBatch()
+                for (index, peer) in peers.enumerated() {
+                    var requests = [
+                        BrokerRequest(.write(store: "s", .insert([item("two-\(index)")]))) { answers.add(2 + index, $0) }
+                    ]
+                    broker.handle(&requests, context: peer, into: &batch)
+                }
+                let applies = engine.state.withLock { $0.applies.count }
+                broker.submit(&batch)
+                return (applies, batch.isEmpty)
+            }.get()
+            #expect(appliesBeforeSubmit == 3, "a batched write reached the store before submit")
+            #expect(emptied)
             try await answers.waitFor(4)
             #expect(answers.sequences == [2, 3, 4, 5])
             let applies = engine.state.withLock { $0.applies }
@@ -648,42 +643,37 @@ private final class Answers: @unchecked Sendable {
         }
     }
 
-    /// Writes queued while a loop commits for a nonblocking engine are committed by that loop too (not handed to a
-    /// writer thread that hands each answer back), until the groups reach `ManagedStore.inlineItems` items; what
-    /// queues after that goes to a writer thread. One write per group here, so the groups are known.
-    @Test func writesQueuedBehindACommitOnTheLoopAreCommittedThereWithinABudget() async throws {
+    /// For a nonblocking engine the owner commits queued groups one after another until they reach
+    /// `ManagedStore.inlineItems` items, then serves its other work before it goes on: a read handed in behind a
+    /// large batch is answered before the writes queued after that batch are committed. One write per group here,
+    /// so the groups are known.
+    @Test func theOwnerCommitsWithinABudgetBeforeServingOtherWork() async throws {
         let engine = TestEngine(capabilities: [.atomic, .nonblocking])
         try await withBroker(maxGroupCommit: 1, engine: engine) { broker, engine in
             _ = await ask(broker, .write(store: "s", .insert([item("created")])))
             await broker.waitUntilWriterIdle(store: "s")
-            engine.hold()
-            let loop = Mutex<UInt>(0)
             let answers = Answers()
-            let thread = Thread {
-                loop.withLock { $0 = Writers.thisThread }
-                broker.handle([BrokerRequest(.write(store: "s", .insert([item("a")]))) { answers.add(0, $0) }])
-            }
-            thread.start()
-            #expect(await engine.waitForApplies(2))  // the loop's commit is in the engine; these queue behind it
+            let seen = Mutex<UInt64?>(nil)
             let large = (0..<ManagedStore.inlineItems).map { item("large-\($0)") }
-            broker.handle([
-                BrokerRequest(.write(store: "s", .insert([item("b")]))) { answers.add(1, $0) },
-                BrokerRequest(.write(store: "s", .insert(large))) { answers.add(2, $0) },
-                BrokerRequest(.write(store: "s", .insert([item("c")]))) { answers.add(3, $0) },
-            ])
-            engine.release()
-            try await answers.waitFor(4)
-            #expect(answers.sequences == [2, 3, 4, 5])
-            let threads = engine.state.withLock { $0.applyThreads }
-            let loopThread = loop.withLock { $0 }
-            #expect(threads.count == 5)
-            guard threads.count == 5 else { return }
-            #expect(Array(threads[1...3]) == [loopThread, loopThread, loopThread], "queued writes were handed over")
-            #expect(threads[4] != loopThread, "the loop went on committing past its budget")
+            broker.owner.execute {
+                broker.handle([
+                    BrokerRequest(.write(store: "s", .insert([item("b")]))) { answers.add(0, $0) },
+                    BrokerRequest(.write(store: "s", .insert(large))) { answers.add(1, $0) },
+                    BrokerRequest(.write(store: "s", .insert([item("c")]))) { answers.add(2, $0) },
+                ])
+            }
+            broker.owner.execute {
+                broker.handle(.count(store: "s")) { result in
+                    if case .success(.count(_, let count)) = result { seen.withLock { $0 = count } }
+                }
+            }
+            try await answers.waitFor(3)
+            #expect(answers.sequences == [2, 3, 4])
+            #expect(seen.withLock { $0 } == UInt64(2 + ManagedStore.inlineItems), "the read waited for every queued write")
         }
     }
 
-    /// A store whose engine is stuck holds one writer thread; another store's commit starts meanwhile on another.
+    /// A store whose engine is stuck holds one blocking thread; another store's commit starts meanwhile on another.
     @Test func aStuckStoreDoesNotHoldUpOthers() async throws {
         try await withBroker(writerThreads: 2) { broker, engine in
             _ = await ask(broker, .write(store: "a", .insert([item("x")])))
@@ -712,12 +702,14 @@ private final class Answers: @unchecked Sendable {
             let configuration = BrokerConfiguration(dataDirectory: directory, defaultEngine: "test")
             let logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
             let threads = TestThreads()
-            defer { threads.pool.shutdownGracefully { _ in } }
-            let first = try Broker(configuration: configuration, engines: engine, blocking: threads, logger: logger)
+            defer { threads.stopSoon() }
+            let first = try Broker(
+                configuration: configuration, engines: engine, owner: threads.owner, blocking: threads, logger: logger)
             #expect(sequence(of: await ask(first, .write(store: "s", .insert([item("a")])))) == 1)
             await first.shutdown()
 
-            let broker = try Broker(configuration: configuration, engines: engine, blocking: threads, logger: logger)
+            let broker = try Broker(
+                configuration: configuration, engines: engine, owner: threads.owner, blocking: threads, logger: logger)
             let opensBefore = engine.state.withLock { $0.opensStarted }
             let closesBefore = engine.state.withLock { $0.closes }
             engine.holdOpens()

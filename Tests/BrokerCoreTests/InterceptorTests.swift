@@ -65,7 +65,7 @@ private func withBroker(
         let configuration = configuration(directory)
         let threads = TestThreads()
         let broker = try Broker(
-            configuration: configuration, engines: TestEngine(), blocking: threads, logger: logger,
+            configuration: configuration, engines: TestEngine(), owner: threads.owner, blocking: threads, logger: logger,
             interceptors: interceptors?(configuration))
         try await body(broker)
         await broker.shutdown()

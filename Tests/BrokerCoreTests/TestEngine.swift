@@ -150,15 +150,19 @@ final class Gate: Sendable {
     }
 }
 
-/// The threads a test broker's engine calls run on: NIO's thread pool, as the daemon's (its own per broker, so
-/// that a test holding an engine never starves another's).
+/// A test broker's owner loop and the threads its engine calls that block run on: NIO's, as the daemon's (its own
+/// per broker, so that a test holding an engine never starves another's).
 struct TestThreads: BlockingExecutor {
     let pool: NIOThreadPool
+    let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
 
     init(_ count: Int = 4) {
         pool = NIOThreadPool(numberOfThreads: count)
         pool.start()
     }
+
+    /// The broker's owner.
+    var owner: any EventLoop { loops.next() }
 
     func execute(_ job: @escaping @Sendable () -> Void) {
         pool.submit { _ in job() }
@@ -166,5 +170,12 @@ struct TestThreads: BlockingExecutor {
 
     func stop() async {
         try? await pool.shutdownGracefully()
+        try? await loops.shutdownGracefully()
+    }
+
+    /// `stop()`, not waited for.
+    func stopSoon() {
+        pool.shutdownGracefully { _ in }
+        loops.shutdownGracefully { _ in }
     }
 }

@@ -65,16 +65,17 @@ final class Outbound {
         _ body: (EmbeddedChannel, Outbound) throws -> Void
     ) async throws {
         try await withTemporaryDirectory(prefix: "sb-conn") { directory in
+            let loop = EmbeddedEventLoop()
             let broker = try Broker(
-                configuration: BrokerConfiguration(dataDirectory: directory), engines: NoEngines(), blocking: NoThreads(),
-                logger: logger)
+                configuration: BrokerConfiguration(dataDirectory: directory), engines: NoEngines(), owner: loop,
+                blocking: NoThreads(), logger: logger)
             let handler = ConnectionHandler(
-                broker: broker, limits: ServerSession.Limits(), subscriberBuffer: 16,
+                broker: broker, turn: LoopTurn(broker: broker), limits: ServerSession.Limits(), subscriberBuffer: 16,
                 subscriptions: SubscriptionQuota(perConnection: 1024, total: 65536), registry: ConnectionRegistry(),
                 budget: ByteBudget(perConnection: 1 << 20, total: 1 << 24),
                 timeouts: Timeouts(handshake: handshake, frame: frame),
                 context: .owner, logger: logger)
-            let channel = EmbeddedChannel(handler: handler)
+            let channel = EmbeddedChannel(handler: handler, loop: loop)
             try await channel.connect(to: SocketAddress(unixDomainSocketPath: "/tmp/test.sock")).get()
             try body(channel, Outbound())
             _ = try? channel.finish()

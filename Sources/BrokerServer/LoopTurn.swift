@@ -1,18 +1,22 @@
 import BrokerCore
 import NIOCore
 
-/// The writes one event loop's connections hand in during one turn of the loop, submitted to the broker together
-/// once the turn's reads are done (by a task on the loop: NIO runs the tasks of a turn after its I/O events).
+/// What the connections of the broker's owner loop hand over to each other within one turn of the loop: the
+/// writes they read, submitted together, and the connections the broker has answered outside their own events,
+/// each taken once.
 ///
-/// With many clients each waiting for its answer, a read cycle holds one write. Submitted connection by
-/// connection, each would be a group commit of its own, paying a group's fixed costs (the store's lock taken five
-/// times, the planner, the engine call, the history, the hand-offs) per write. Here the writes of the connections
-/// one turn reads after the first are admitted into one `Broker.WriteBatch` as they arrive and submitted once: one
-/// group per store, and each connection takes the answers that commit gave it in one batch and flushes once (it
-/// is `performing` while the batch is submitted). The turn's first writes are submitted at once: a lone client's
-/// write waits for no task (waiting for the task that ends the turn would lengthen every lone client's round
-/// trip).
-final class LoopWrites: Sendable {
+/// Writes. With many clients each waiting for its answer, a read cycle holds one write. Submitted connection by
+/// connection, each would be a group commit of its own, paying a group's fixed costs (the planner, the engine
+/// call, the history, the broadcast) per write. Here the writes of the connections one turn reads after the first
+/// are admitted into one `Broker.WriteBatch` as they arrive and submitted once, by a task on the loop (NIO runs a
+/// turn's tasks after its I/O events): one group per store, and each connection takes the answers that commit gave
+/// it in one batch and flushes once (it is `performing` while the batch is submitted). The turn's first writes are
+/// submitted at once: a lone client's write waits for no task.
+///
+/// Answers. A commit that comes back from a blocking thread, or a load, answers many connections outside their
+/// own events. Each connection gathers what it is given (answers, pushes waiting) and joins `answered` once; one
+/// task takes them all, each connection taking its gathered answers as one event and flushing once.
+final class LoopTurn: Sendable {
     private let broker: Broker
     private let eventLoop: any EventLoop
     private let turn: NIOLoopBoundBox<Turn>
@@ -27,6 +31,10 @@ final class LoopWrites: Sendable {
         /// The list the last submission emptied, kept for the next turn (no allocation per turn).
         var spare: [ConnectionHandler] = []
         var scheduled = false
+        /// The connections with answers or pushes gathered outside their own events, each once.
+        var answered: [ConnectionHandler] = []
+        var spareAnswered: [ConnectionHandler] = []
+        var answersScheduled = false
 
         /// The turn's batch and connections, taken out for submission; the next turn starts empty.
         mutating func take() -> (Broker.WriteBatch, [ConnectionHandler]) {
@@ -39,6 +47,15 @@ final class LoopWrites: Sendable {
             return (takenBatch, taken)
         }
 
+        /// The connections answered since the last time, taken out; the next ones start a new list.
+        mutating func takeAnswered() -> [ConnectionHandler] {
+            var taken: [ConnectionHandler] = []
+            swap(&taken, &answered)
+            swap(&answered, &spareAnswered)
+            answersScheduled = false
+            return taken
+        }
+
         /// What a submission emptied, kept for the next turn.
         mutating func giveBack(_ emptied: consuming Broker.WriteBatch, _ list: consuming [ConnectionHandler]) {
             spare = list
@@ -46,10 +63,11 @@ final class LoopWrites: Sendable {
         }
     }
 
-    private init(broker: Broker, eventLoop: any EventLoop) {
+    /// For the connections of `broker`'s owner loop.
+    init(broker: Broker) {
         self.broker = broker
-        self.eventLoop = eventLoop
-        turn = NIOLoopBoundBox(Turn(), eventLoop: eventLoop)
+        self.eventLoop = broker.owner
+        turn = NIOLoopBoundBox.makeBoxSendingValue(Turn(), eventLoop: broker.owner)
     }
 
     /// Submits `requests` (writes; their commands are moved out, see `Broker.handle`) from `connection` now if they
@@ -93,13 +111,24 @@ final class LoopWrites: Sendable {
         turn.value.giveBack(batch, connections)
     }
 
-    /// The one for `broker` on `eventLoop`, made on first use; connections hold it (and it its loop), the
-    /// registry only finds it.
-    static func of(_ eventLoop: any EventLoop, broker: Broker) -> LoopWrites {
-        registry.object(for: [ObjectIdentifier(eventLoop), ObjectIdentifier(broker)]) {
-            LoopWrites(broker: broker, eventLoop: eventLoop)
-        }
+    /// `connection` has gathered answers or pushes outside its own events: it takes them in the task that takes
+    /// every such connection (scheduled by the first).
+    func answered(_ connection: ConnectionHandler) {
+        guard !connection.answersInTurn else { return }
+        connection.answersInTurn = true
+        turn.value.answered.append(connection)
+        guard !turn.value.answersScheduled else { return }
+        turn.value.answersScheduled = true
+        eventLoop.execute { self.takeAnswered() }
     }
 
-    private static let registry = WeakRegistry<LoopWrites>()
+    private func takeAnswered() {
+        var connections = turn.value.takeAnswered()
+        for connection in connections {
+            connection.answersInTurn = false
+            connection.takeAnswered()
+        }
+        connections.removeAll(keepingCapacity: true)
+        turn.value.spareAnswered = connections
+    }
 }

@@ -1,0 +1,190 @@
+import StoreModel
+
+/// A group's apply, on a thread for blocking work: creates the store first when this is its first commit, and
+/// records the first commit in the manifest.
+struct ApplyJob {
+    let place: EnginePlace
+    let engine: any StorageEngine
+    let store: (any EngineStore)?
+    let manifest: Manifest?
+    let shared: Bool
+    let steps: [EngineStep]
+    let base: Position
+    let epoch: UInt64
+    let sequence: UInt64
+    /// A shared store's commits, as the log records them.
+    let records: [(sequence: UInt64, record: [UInt8])]
+
+    struct Applied {
+        /// The store, created by this job.
+        var created: (engine: any StorageEngine, store: any EngineStore, manifest: Manifest)?
+        /// The manifest, now recording the first commit (or adopted as the shared database has it).
+        var manifest: Manifest?
+        var failure: BrokerError?
+        /// Another broker committed first (a shared store): nothing was applied.
+        var lost = false
+        /// How long the apply alone took, in nanoseconds.
+        var applyTook: UInt64 = 0
+    }
+
+    func run() -> Applied {
+        var applied = Applied(manifest: nil)
+        var manifest = self.manifest
+        do throws(BrokerError) {
+            let open: any EngineStore
+            if let store {
+                open = store
+                // A shared store stays open when another broker drops it (it is named by name): its place here is
+                // made again when it is created again.
+                if manifest == nil, shared {
+                    let adopted = try place.adopt(engine: engine, existing: nil, epoch: epoch)
+                    manifest = adopted
+                    applied.manifest = adopted
+                }
+            } else {
+                let (made, created) = try place.create(engine: engine, existing: manifest, epoch: epoch)
+                applied.created = (engine, created, made)
+                manifest = made
+                open = created
+            }
+            let started = monotonicNanoseconds()
+            if shared, let sharedStore = open as? any SharedEngineStore {
+                // Committed only if no other broker committed since the position planned against.
+                try EnginePlace.engineCall { () throws(EngineFailure) in
+                    try sharedStore.apply(steps, at: base, epoch: epoch, commits: records)
+                }
+            } else {
+                try EnginePlace.engineCall { () throws(EngineFailure) in try open.apply(steps, sequence: sequence) }
+            }
+            applied.applyTook = monotonicNanoseconds() - started
+        } catch where (error.underlying as? EngineFailure)?.code == .conflict && shared {
+            applied.lost = true
+            return applied
+        } catch {
+            applied.failure = error
+            return applied
+        }
+        if let current = manifest, !current.committed, let updated = place.recordCommitted(current) {
+            applied.manifest = updated
+            if applied.created != nil { applied.created!.manifest = updated }
+        }
+        return applied
+    }
+}
+
+/// A shared store's catch-up, on a thread for blocking work: the commits other brokers made since `position`, or
+/// what else happened to the store meanwhile (dropped, created again, its log no longer reaching back), as effects
+/// the owner takes in, in order.
+struct CatchUpJob: @unchecked Sendable {
+    // `@unchecked Sendable`: the engine store is the owner's, handed to this job while the writer waits for it.
+    let place: EnginePlace
+    let name: String
+    let engine: (any StorageEngine)?
+    let defaultEngine: String
+    let engines: any EngineProvider
+    let store: (any EngineStore)?
+    let position: Position
+    let manifest: Manifest?
+
+    enum Effect {
+        /// The store was opened to read it; the owner keeps it.
+        case opened(any StorageEngine, any EngineStore)
+        case adopted(Manifest)
+        case commits([Commit])
+        case droppedElsewhere
+        case reloaded(StoreContents, Position, Manifest?)
+    }
+
+    func run() -> ([Effect], BrokerError?) {
+        var effects: [Effect] = []
+        do throws(BrokerError) {
+            try catchUp(into: &effects)
+            return (effects, nil)
+        } catch {
+            return (effects, error)
+        }
+    }
+
+    private func catchUp(into effects: inout [Effect]) throws(BrokerError) {
+        var store = self.store
+        var position = self.position
+        var manifest = self.manifest
+        for _ in 0..<4 {
+            let engine: any StorageEngine
+            if let known = self.engine { engine = known } else { engine = try engines.engine(named: defaultEngine) }
+            guard
+                let shared = try place.sharedStore(engine, current: store, keep: { opened in
+                    store = opened
+                    effects.append(.opened(engine, opened))
+                })
+            else { return }
+            var fetched: [Commit] = []
+            var unreadable: BrokerError?
+            func read(epoch: UInt64, after: UInt64) throws(BrokerError) -> Position {
+                let name = self.name
+                return try EnginePlace.engineCall { () throws(EngineFailure) in
+                    try shared.commits(epoch: epoch, after: after) { sequence, record in
+                        guard unreadable == nil else { return }
+                        do throws(BrokerError) {
+                            let steps = try CommitRecord.decode(record, store: name, sequence: sequence)
+                            fetched.append(Commit(epoch: epoch, sequence: sequence, steps: steps))
+                        } catch {
+                            unreadable = error
+                        }
+                    }
+                }
+            }
+            do throws(BrokerError) {
+                var reached = try read(epoch: position.epoch, after: position.sequence)
+                if let unreadable { throw unreadable }
+                if reached.epoch == position.epoch {
+                    // Behind this broker: the database lost commits it holds (restored, a replica promoted).
+                    if reached.sequence < position.sequence {
+                        return try reload(shared, engine: engine, manifest: manifest, into: &effects)
+                    }
+                    effects.append(.commits(fetched))
+                    return
+                }
+                if position.epoch != 0 {
+                    // Dropped by another broker (and perhaps created again): what this broker held of it ends.
+                    if manifest != nil {
+                        do throws(BrokerError) {
+                            try place.forget()
+                        } catch {
+                            place.environment.logger.warning(
+                                "cannot remove the place of a store another broker dropped: \(error.message)")
+                        }
+                    }
+                    effects.append(.droppedElsewhere)
+                    position = Position(epoch: 0, sequence: 0)
+                    manifest = nil
+                    continue
+                }
+                guard reached.epoch != 0 else { return }
+                // Created by another broker: from its first commit.
+                let adopted = try place.adopt(engine: engine, existing: manifest, epoch: reached.epoch)
+                effects.append(.adopted(adopted))
+                manifest = adopted
+                fetched = []
+                reached = try read(epoch: reached.epoch, after: 0)
+                if let unreadable { throw unreadable }
+                if reached.epoch == adopted.epoch {
+                    effects.append(.commits(fetched))
+                    return
+                }
+            } catch where (error.underlying as? EngineFailure)?.code == .gone {
+                return try reload(shared, engine: engine, manifest: manifest, into: &effects)
+            }
+        }
+    }
+
+    /// The commit log no longer reaches back to this store's position: the store as the database holds it now.
+    private func reload(
+        _ shared: any SharedEngineStore, engine: any StorageEngine, manifest: Manifest?, into effects: inout [Effect]
+    ) throws(BrokerError) {
+        var contents = StoreContents()
+        let position = try EnginePlace.engineCall { () throws(EngineFailure) in try shared.load { contents.load($0) } }
+        let adopted = position.epoch == 0 ? nil : try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
+        effects.append(.reloaded(contents, position, adopted))
+    }
+}
