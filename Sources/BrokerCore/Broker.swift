@@ -367,7 +367,9 @@ public final class Broker: @unchecked Sendable {
                         to: name, expected: expected)
                 case .setValue(let namespace, let name, let value, let condition):
                     batch.valueWrites[namespace, default: []].append(
-                        .init(name: name, value: value?.owned.bytes, condition: condition, reply: reply))
+                        .init(
+                            name: name, value: value?.owned.bytes, condition: condition, submitter: context.submitter,
+                            reply: reply))
                 case let other:
                     perform(other, context: context, subscription: requests[index].subscription, reply: reply)
                 }

@@ -37,8 +37,8 @@ struct GroupGathering {
     }
 
     /// A group was committed by an apply that took `nanoseconds`; `queued` is what waits behind it.
-    mutating func committed(
-        _ group: some Sequence<PendingWrite>, applyTook nanoseconds: UInt64, queued: some Sequence<PendingWrite>
+    mutating func committed<Write: QueuedWrite>(
+        _ group: some Sequence<Write>, applyTook nanoseconds: UInt64, queued: some Sequence<Write>
     ) {
         lastApply = nanoseconds
         awaiting.removeAll(keepingCapacity: true)

@@ -1,100 +1,54 @@
 import DequeModule
-import NIOCore
 import Logging
+import NIOCore
 import StoreModel
 
-/// One store: its committed items in memory, its writer, its history and its subscribers. Owned by the broker's
-/// owner loop (`StoreEnvironment`): every method is called there, and only there is its state read or written.
+/// One store: its committed items in memory, its subscribers and history, and its writer (`PlaceWriter`, which
+/// loads it, queues its writes and commits them in groups). Owned by the broker's owner loop (`StoreEnvironment`):
+/// every method is called there, and only there is its state read or written.
 ///
-/// The store is the only writer of its engine store. Writes queue in `pending` in the order they were submitted
-/// (the server hands in all the writes one turn of the owner read for the store at once); the writer takes them
-/// in groups, plans each group on the owner against the committed items plus the effects of the writes before it
-/// (`WritePlanner`), has the engine apply the group in one transaction and, once it has committed, publishes:
-/// memory and history change, the commits are broadcast (one shared push per commit for every subscriber, then
-/// the observers) and the group is answered. An engine that never blocks (`nonblocking`, the memory engine)
-/// applies on the owner, as Redis does; any other applies on a thread for blocking work, one job per group, while
-/// the owner goes on answering reads from the committed items (a read never waits for a write in progress).
-///
-/// When applies are slow (an `fsync`), the writer waits a little before a group for the writers its last group
-/// answered, so that writers waiting for each acknowledgement share commits (`GroupGathering`).
+/// Reads are answered from the committed items, also while a commit group is on a thread for blocking work (a
+/// read never waits for a write in progress). Once the engine has committed a group, the store publishes it:
+/// memory and history change in O(items changed), each commit is broadcast (one shared push per commit for every
+/// subscriber, then the observers) and the group is answered.
 ///
 /// A store that does not exist and has nothing going on (no queued write, no subscriber, nothing open) is let go
 /// of (`retire`): the broker keeps no object per name a client merely asked about.
-final class ManagedStore: @unchecked Sendable {
-    // `@unchecked Sendable`: blocking jobs capture the store for its immutable fields (`place`, `name`); its
-    // state is touched only on the owner.
+final class ManagedStore: WriterModel, @unchecked Sendable {
+    // `@unchecked Sendable`: blocking jobs capture values made from the store, never its state, which only the owner
+    // touches.
     let name: String
     private let environment: StoreEnvironment
     /// Asks the broker to let go of this store if there is nothing in it (`retireIfNothingHere()`).
     private let retire: (ManagedStore) -> Void
-    /// The configuration's figures the writer reads for every group, copied out once.
-    private let limits: CommitLimits
+    /// The configuration's figures each commit reads, copied out once.
+    private let limits: Limits
+    private let initiallyStopping: Bool
 
-    private struct CommitLimits {
-        let maxGroupCommit: Int
-        let maxGroupWait: TimeAmount
+    private struct Limits {
         let history: Int
         let historyBytes: Int
         let clock: WallClock
 
         init(_ configuration: BrokerConfiguration) {
             clock = configuration.clock
-            maxGroupCommit = max(1, configuration.maxGroupCommit)
-            maxGroupWait = .nanoseconds(Int64(configuration.maxGroupWait / .nanoseconds(1)))
             history = configuration.history
             historyBytes = configuration.historyBytes
         }
     }
 
-    private enum Loading {
-        case unloaded, loading, ready
-    }
-
-    /// What the writer is doing.
-    private enum WriterPhase {
-        /// Nothing: the next submit (or load, or catch-up) starts it.
-        case idle
-        /// A job is on a blocking thread (a commit, a drop, a catch-up), or the owner has let its other work go first
-        /// after a turn's budget: the writer goes on when it comes back.
-        case working
-        /// Waiting for the writers the last group answered (`GroupGathering`), until they have all submitted or
-        /// the timer fires. `round` tells this wait's timer from an earlier one's that fired as it was cancelled.
-        case gathering(Scheduled<Void>, round: UInt64)
-    }
-
-    private var loading = Loading.unloaded
-    private var waiting: [(BrokerError?) -> Void] = []
+    private(set) lazy var writer = PlaceWriter(
+        model: self, environment: environment,
+        place: EnginePlace(environment: environment, place: environment.directory.store(name), storeName: name),
+        logger: logger, stopping: initiallyStopping)
     private var contents = StoreContents()
-    /// 0 while the store does not exist.
-    private var epoch: UInt64 = 0
-    /// 0 while the store does not exist; +1 per commit.
-    private var sequence: UInt64 = 0
-    private var manifest: Manifest?
-    private var engine: (any StorageEngine)? {
-        didSet { capabilities = engine?.capabilities }
-    }
-    private var capabilities: EngineCapabilities?
-    private var engineStore: (any EngineStore)?
     /// The last events, oldest first, within `--history` commits and `--history-bytes`.
     private var history = EventHistory()
     private var subscribers: [ObjectIdentifier: Subscription] = [:]
-    private var pending = Deque<PendingWrite>()
-    private var writer = WriterPhase.idle
-    private var stopping: Bool
-    private var idleWaiters: [() -> Void] = []
-    private var gathering = GroupGathering()
-    /// Counts the writer's waits for a group (`WriterPhase.gathering`).
-    private var gatheringRounds: UInt64 = 0
     /// Subscriptions on their way in (admitted, waiting for the load).
     private var arriving = 0
     /// Let go of by the broker.
     private(set) var isRetired = false
-    /// A shared store: another broker may have committed (its watcher said so); the writer catches up.
-    private var catchUpWanted = false
-    /// The last catch-up failed (the database unreachable): the watcher asks again.
-    private(set) var catchUpFailed = false
-    /// Groups lost in a row to other brokers' commits (a shared store), against `sharedAttempts`.
-    private var lostGroups = 0
 
     /// `stopping`: created during shutdown (a request that arrived late): it refuses writes from the start.
     /// `retire`: called when the store may hold nothing (the broker then calls `retireIfNothingHere()`).
@@ -104,9 +58,9 @@ final class ManagedStore: @unchecked Sendable {
     ) {
         self.name = name
         self.environment = environment
-        limits = CommitLimits(environment.configuration)
+        limits = Limits(environment.configuration)
         self.retire = retire
-        self.stopping = stopping
+        initiallyStopping = stopping
     }
 
     private var logger: Logger {
@@ -115,137 +69,58 @@ final class ManagedStore: @unchecked Sendable {
         return logger
     }
 
-    private var place: EnginePlace {
-        EnginePlace(environment: environment, place: environment.directory.store(name), storeName: name)
-    }
-
-    private var position: Position { Position(epoch: epoch, sequence: sequence) }
-
-    /// The store does not exist, nothing of it is open and nothing waits: nothing would be lost by letting go of it.
-    private var holdsNothing: Bool {
-        guard case .idle = writer, loading == .ready else { return false }
-        return sequence == 0 && manifest == nil && engineStore == nil && pending.isEmpty && subscribers.isEmpty
-            && arriving == 0 && waiting.isEmpty && idleWaiters.isEmpty && !stopping && !catchUpWanted
-    }
-
-    /// Marks the store retired if it holds nothing; true when it did. The broker calls it when the store asks, and
-    /// forgets the store when it returns true.
+    /// Marks the store retired if it does not exist, nothing of it is open and nothing waits (nothing would be
+    /// lost by letting go of it); true when it did. The broker calls it when the store asks, and forgets the store
+    /// when it returns true.
     func retireIfNothingHere() -> Bool {
-        guard !isRetired, holdsNothing else { return false }
+        guard !isRetired, writer.isIdle, writer.loading == .ready, !writer.stopping, writer.sequence == 0,
+            writer.manifest == nil, writer.engineStore == nil, subscribers.isEmpty, arriving == 0
+        else { return false }
         isRetired = true
         return true
+    }
+
+    func writerStopped() {
+        if writer.sequence == 0 { retire(self) }
     }
 
     // MARK: Loading
 
     /// Runs `body` once the store is loaded (at once if it is), with the error if it cannot be.
-    func whenLoaded(_ body: @escaping (BrokerError?) -> Void) {
-        switch loading {
-        case .ready: body(nil)
-        case .loading: waiting.append(body)
-        case .unloaded:
-            waiting.append(body)
-            load()
-        }
-    }
+    func whenLoaded(_ body: @escaping (BrokerError?) -> Void) { writer.whenLoaded(body) }
 
-    private func load() {
-        loading = .loading
-        let place = place
-        environment.offOwner({ () -> Result<(EnginePlace.Loaded?, StoreContents), BrokerError> in
+    func loadJob() -> @Sendable () throws(BrokerError) -> (EnginePlace.Loaded?, StoreContents) {
+        let place = writer.place
+        return { () throws(BrokerError) in
             var contents = StoreContents()
-            return Result { () throws(BrokerError) in
-                let loaded = try place.load(expect: { contents.reserveCapacity($0) }, visit: { contents.load($0) })
-                return (loaded, contents)
-            }
-        }) { result in
-            switch result {
-            case .success(let (loaded, contents)): self.loaded(loaded, contents)
-            case .failure(let error): self.loadFailed(error)
-            }
+            let loaded = try place.load(expect: { contents.reserveCapacity($0) }, visit: { contents.load($0) })
+            return (loaded, contents)
         }
     }
 
-    private func loaded(_ loaded: EnginePlace.Loaded?, _ contents: StoreContents) {
-        let sequence = loaded?.position?.sequence ?? loaded?.store.openedSequence ?? 0
-        if let loaded {
+    func install(_ contents: StoreContents) {
+        self.contents = contents
+        if let engine = writer.engine {
             logger.debug(
                 "store loaded",
-                metadata: ["engine": "\(loaded.engine.name)", "items": "\(contents.count)", "sequence": "\(sequence)"])
+                metadata: ["engine": "\(engine.name)", "items": "\(contents.count)", "sequence": "\(writer.sequence)"])
         }
-        self.contents = contents
-        self.sequence = sequence
-        // A store whose directory exists but that never committed (a crash between the two) does not exist yet;
-        // its first commit keeps the manifest's epoch.
-        epoch = sequence > 0 ? (loaded?.position?.epoch ?? loaded?.manifest.epoch ?? 0) : 0
-        manifest = loaded?.manifest
-        engine = loaded?.engine
-        engineStore = loaded?.store
-        becomeReady()
-    }
-
-    private func becomeReady() {
-        loading = .ready
-        let waiting = waiting
-        self.waiting = []
-        for body in waiting { body(nil) }
-        startWriterIfNeeded()
-        notifyIdleWaiters()
-        if stopping { closeIfIdle() }
-    }
-
-    private func loadFailed(_ error: BrokerError) {
-        logger.error("cannot load store: \(error.message)", metadata: error.logMetadata)
-        // An unconditional drop queued behind the failure is the way out for an operator: writes before it fail
-        // with the error, the store is deleted without being loaded, and what follows starts afresh.
-        guard let index = pending.firstIndex(where: { write in
-            if case .drop = write.kind, case .unconditional = write.condition { return true }
-            return false
-        })
-        else { return failLoad(error) }
-        for write in pending.prefix(index) { write.reply(.failure(error)) }
-        let drop = pending[index]
-        pending.removeFirst(index + 1)
-        let place = place
-        environment.offOwner({ Result { () throws(BrokerError) in try place.dropBroken() } }) { result in
-            switch result {
-            case .failure(let failure):
-                self.logger.error(
-                    "drop of a store that cannot be loaded failed: \(failure.message)", metadata: failure.logMetadata)
-                drop.reply(.failure(failure))
-                self.failLoad(failure)
-            case .success:
-                self.logger.notice("store dropped without loading it")
-                drop.reply(.success(.written(CommitResult(committed: true, epoch: 0, sequence: 0))))
-                self.load()
-            }
-        }
-    }
-
-    /// A failed load: every request waiting for it and every write queued behind it gets the error; the next
-    /// request tries again.
-    private func failLoad(_ error: BrokerError) {
-        loading = .unloaded
-        let (waiting, writes) = (waiting, pending)
-        self.waiting = []
-        pending = []
-        for body in waiting { body(error) }
-        for write in writes { write.reply(.failure(error)) }
-        notifyIdleWaiters()
     }
 
     // MARK: Reads
 
     /// Answers from the committed state once loaded.
-    private func read(_ reply: Reply, _ body: @escaping (borrowing StoreContents, Position) -> Result<BrokerAnswer, BrokerError>) {
-        guard loading == .ready else {
+    private func read(
+        _ reply: Reply, _ body: @escaping (borrowing StoreContents, Position) -> Result<BrokerAnswer, BrokerError>
+    ) {
+        guard writer.loading == .ready else {
             return whenLoaded { failure in
                 if let failure { return reply(.failure(failure)) }
                 self.read(reply, body)
             }
         }
-        reply(body(contents, position))
-        if sequence == 0 { retire(self) }
+        reply(body(contents, writer.position))
+        if writer.sequence == 0 { retire(self) }
     }
 
     func info(_ reply: Reply) {
@@ -260,8 +135,8 @@ final class ManagedStore: @unchecked Sendable {
     /// The store's info; call only when loaded.
     func currentInfo() -> StoreInfo {
         StoreInfo(
-            name: name, epoch: epoch, sequence: sequence, count: UInt64(contents.count),
-            engine: sequence > 0 ? (manifest?.engine ?? "") : "")
+            name: name, epoch: writer.epoch, sequence: writer.sequence, count: UInt64(contents.count),
+            engine: writer.sequence > 0 ? (writer.manifest?.engine ?? "") : "")
     }
 
     func count(_ reply: Reply) {
@@ -314,16 +189,17 @@ final class ManagedStore: @unchecked Sendable {
             case .snapshot:
                 self.offerSnapshot(to: subscription)
             case .resume(let epoch, let sequence):
-                if epoch == self.epoch, sequence == self.sequence {
+                let now = self.writer.position
+                if epoch == now.epoch, sequence == now.sequence {
                     break  // nothing missed
-                } else if epoch == self.epoch, epoch != 0, sequence < self.sequence,
+                } else if epoch == now.epoch, epoch != 0, sequence < now.sequence,
                     let oldest = self.history.oldestSequence, oldest <= sequence + 1
                 {
                     for event in self.history.events where event.sequence > sequence {
                         subscription.offer(.storeEvent(event), at: event.position, force: true)
                     }
                 } else {
-                    subscription.offer(.historyGone(self.position), at: self.position, force: true)
+                    subscription.offer(.historyGone(now), at: now, force: true)
                     self.offerSnapshot(to: subscription)
                 }
             }
@@ -333,13 +209,14 @@ final class ManagedStore: @unchecked Sendable {
     }
 
     private func offerSnapshot(to subscription: Subscription) {
+        let position = writer.position
         subscription.offer(.storeLoaded(position, contents.records), at: position, force: true)
     }
 
     func unsubscribe(_ subscription: Subscription) {
         subscribers.removeValue(forKey: ObjectIdentifier(subscription))
         subscription.cancel()
-        if sequence == 0 { retire(self) }
+        if writer.sequence == 0 { retire(self) }
     }
 
     /// After a commit, in sequence order: each push goes to every subscriber (its encoding made once, shared) but
@@ -366,7 +243,8 @@ final class ManagedStore: @unchecked Sendable {
         }
         for observer in environment.observers {
             for commit in commits {
-                observer.storeCommitted(store: name, epoch: commit.epoch, sequence: commit.sequence, steps: commit.steps)
+                observer.storeCommitted(
+                    store: name, epoch: commit.epoch, sequence: commit.sequence, steps: commit.steps)
             }
         }
         for key in ended { subscribers.removeValue(forKey: key) }
@@ -374,155 +252,34 @@ final class ManagedStore: @unchecked Sendable {
 
     // MARK: Writes
 
-    /// Queues writes, in order; each is answered once committed (or refused). The server hands in every write one
-    /// turn of the owner read for this store, from all its connections, in one call (`Broker.WriteBatch`): one
-    /// group. Each write is moved into the queue and `writes` emptied, its capacity kept for the caller's next
-    /// batch.
-    func submit(_ writes: inout [PendingWrite?]) {
-        guard !stopping else {
-            let error = BrokerError(.shuttingDown, "the broker is shutting down")
-            for index in writes.indices { writes[index]?.reply(.failure(error)) }
-            writes.removeAll(keepingCapacity: true)
-            return
-        }
-        // The writes of one connection, or of several that one turn of the owner read (each run of one submitter
-        // is told to the gathering once).
-        var completesGroup = false
-        var lastSubmitter: UInt64?
-        for index in writes.indices {
-            var write: PendingWrite?
-            swap(&write, &writes[index])
-            let submitter = write!.submitter
-            pending.append((consume write)!)
-            if submitter != lastSubmitter {
-                lastSubmitter = submitter
-                if gathering.submitted(by: submitter) { completesGroup = true }
-            }
-        }
-        writes.removeAll(keepingCapacity: true)
-        if completesGroup, case .gathering(let timer, let round) = writer {
-            timer.cancel()
-            gatheringEnded(round: round)
-            return
-        }
-        switch loading {
-        case .ready: startWriterIfNeeded()
-        case .loading: break  // the load starts the writer
-        case .unloaded: load()
-        }
+    /// Queues writes, in order (`PlaceWriter.submit`).
+    func submit(_ writes: inout [PendingWrite?]) { writer.submit(&writes) }
+
+    /// Returns once nothing is queued, loading or being written (for tests that need a write to find it so).
+    func whenIdle(_ body: @escaping () -> Void) { writer.whenIdle(body) }
+
+    /// Refuses new writes, finishes the queued ones, then closes the engine store; `done` runs when it is closed.
+    func shutdown(_ done: @escaping () -> Void) { writer.shutdown(done) }
+
+    /// Items a turn commits on the owner for a nonblocking engine before the owner serves its other work.
+    static var inlineItems: Int { PlaceWriter<ManagedStore>.inlineItems }
+
+    /// A group planned against the committed items: what each write does, the commits it makes and the engine's
+    /// steps for them.
+    struct Plan: PlannedGroup {
+        var writes: [PendingWrite]
+        var outcomes: [Outcome]
+        var commits: [Commit]
+        /// For each commit, the subscription it is not offered to (only once a write names one: usually empty).
+        var silenced: [ObjectIdentifier?]
+        var steps: [EngineStep]
+        var insertHints: [StoreContents.InsertHint]
+        var base: Position
+        var epoch: UInt64
+        var sequence: UInt64
     }
 
-    private func startWriterIfNeeded() {
-        guard loading == .ready, case .idle = writer, !pending.isEmpty || catchUpWanted else { return }
-        writeTurn()
-    }
-
-    /// The writer stops: nothing is queued. A shutdown waiting for it goes on; a store that turned out not to
-    /// exist is let go of.
-    private func writerStopped() {
-        writer = .idle
-        notifyIdleWaiters()
-        if loading == .ready, sequence == 0 { retire(self) }
-    }
-
-    private var isIdle: Bool {
-        guard case .idle = writer else { return false }
-        return pending.isEmpty && loading != .loading && !catchUpWanted
-    }
-
-    private func notifyIdleWaiters() {
-        guard isIdle, !idleWaiters.isEmpty else { return }
-        let waiters = idleWaiters
-        idleWaiters = []
-        for waiter in waiters { waiter() }
-    }
-
-    /// Items a turn commits on the owner for a nonblocking engine before the owner serves its other work (and comes
-    /// back): one store's stream of large batches must not keep the owner's connections waiting.
-    static let inlineItems = 4096
-
-    /// One turn of the writer: takes in other brokers' commits if asked, then commits what is queued, group after
-    /// group, on the owner for a nonblocking engine (within `inlineItems`) and otherwise through one blocking job
-    /// per group, which comes back here when it is done.
-    private func writeTurn() {
-        var items = 0
-        while true {
-            if catchUpWanted {
-                catchUpWanted = false
-                writer = .working
-                return catchUp { self.writerGoesOn() }
-            }
-            guard let first = pending.first else { return writerStopped() }
-            if case .drop = first.kind {
-                writer = .working
-                return drop(pending.removeFirst())
-            }
-            guard items < Self.inlineItems else {
-                writer = .working
-                environment.owner.execute { self.writerGoesOn() }
-                return
-            }
-            if let wait = gatheringWait() {
-                gatheringRounds += 1
-                let round = gatheringRounds
-                writer = .gathering(
-                    environment.owner.scheduleTask(in: wait) { self.gatheringEnded(round: round) }, round: round)
-                return
-            }
-            let group = takeGroup()
-            group.withUnsafeBufferPointer { group in
-                for index in group.indices { items += max(1, group[index].kind.insertedItemCount) }
-            }
-            guard commit(group) else {
-                writer = .working
-                return
-            }
-        }
-    }
-
-    /// A job came back, or the owner served its other work: the writer goes on with what is queued.
-    private func writerGoesOn() {
-        writer = .idle
-        if loading == .ready, pending.isEmpty, !catchUpWanted { return writerStopped() }
-        startWriterIfNeeded()
-    }
-
-    /// The wait `round` is over: the group is whole, or its time is up. A timer that fired as it was cancelled
-    /// finds the writer doing something else, and leaves it be.
-    private func gatheringEnded(round: UInt64) {
-        guard case .gathering(_, round) = writer else { return }
-        gathering.endWait()
-        writerGoesOn()
-    }
-
-    /// How long to wait for the writers the last group answered (`GroupGathering`): never for an engine that
-    /// applies on the owner, a full group, or during shutdown.
-    private func gatheringWait() -> TimeAmount? {
-        guard !stopping, pending.count < limits.maxGroupCommit, let capabilities,
-            !capabilities.contains(.nonblocking)
-        else { return nil }
-        let maximum = UInt64(max(0, limits.maxGroupWait.nanoseconds))
-        return gathering.beginWait(maximum: maximum).map { .nanoseconds(Int64($0)) }
-    }
-
-    /// The next group: the writes up to the next drop, at most `--max-group-commit` (one for an engine without
-    /// atomic applies).
-    private func takeGroup() -> [PendingWrite] {
-        let atomic = capabilities?.contains(.atomic) ?? true
-        let limit = atomic ? limits.maxGroupCommit : 1
-        var group: [PendingWrite] = []
-        group.reserveCapacity(min(limit, pending.count))
-        while group.count < limit, let next = pending.popFirst() {
-            if case .drop = next.kind {
-                pending.prepend(consume next)
-                break
-            }
-            group.append(consume next)  // moved: without `consume` the optimizer copies it (two retains)
-        }
-        return group
-    }
-
-    private enum Outcome {
+    enum Outcome {
         case failed(BrokerError)
         case unchanged(epoch: UInt64, sequence: UInt64)
         case committed(sequence: UInt64)
@@ -550,74 +307,10 @@ final class ManagedStore: @unchecked Sendable {
         }
     }
 
-    /// The engine this store uses (the default engine for a store not created yet).
-    private func resolveEngine() throws(BrokerError) -> any StorageEngine {
-        if let engine { return engine }
-        return try environment.engines.engine(named: environment.configuration.defaultEngine)
-    }
-
-    /// Other brokers' commits a group may lose to, in a row, before its writes fail: each loss means another
-    /// broker committed, so the brokers as a whole move on.
-    static let sharedAttempts = 64
-
-    /// A group planned against the committed items: what each write does, the commits it makes and the engine's
-    /// steps for them.
-    private struct Plan {
-        var writes: [PendingWrite]
-        var outcomes: [Outcome]
-        var commits: [Commit]
-        /// For each commit, the subscription it is not offered to (only once a write names one: usually empty).
-        var silenced: [ObjectIdentifier?]
-        var steps: [EngineStep]
-        var insertHints: [StoreContents.InsertHint]
-        var base: Position
-        var epoch: UInt64
-        var sequence: UInt64
-    }
-
-    /// Plans `writes` and has them applied: here, when the engine applies on the owner (true: the writer goes on),
-    /// else by a blocking job that finishes the group when it comes back (false).
-    private func commit(_ writes: [PendingWrite]) -> Bool {
-        let engine: any StorageEngine
-        do throws(BrokerError) {
-            engine = try resolveEngine()
-        } catch {
-            for write in writes { write.reply(.failure(error)) }
-            return true
-        }
-        let plan = self.plan(writes, atomic: engine.capabilities.contains(.atomic), engineName: engine.name)
-        guard plan.sequence != plan.base.sequence else {
-            answer(plan.writes, plan.outcomes, epoch: plan.epoch)
-            return true
-        }
-        let shared = EnginePlace.isShared(engine)
-        let job = ApplyJob(
-            place: place, engine: engine, store: engineStore, manifest: manifest, shared: shared, steps: plan.steps,
-            base: plan.base, epoch: plan.epoch, sequence: plan.sequence,
-            records: shared ? plan.commits.map { ($0.sequence, CommitRecord.encode($0.steps)) } : [])
-        if let store = engineStore, capabilities?.contains(.nonblocking) == true, !shared, manifest?.committed == true {
-            // On the owner: an apply that never blocks costs less than the hand-off to a thread and back.
-            var applied = ApplyJob.Applied(manifest: nil)
-            let started = monotonicNanoseconds()
-            do throws(BrokerError) {
-                try EnginePlace.engineCall { () throws(EngineFailure) in try store.apply(plan.steps, sequence: plan.sequence) }
-                applied.applyTook = monotonicNanoseconds() - started
-            } catch {
-                applied.failure = error
-            }
-            finish(plan, applied)
-            return true
-        }
-        let handed = Handover(job)
-        environment.offOwner({ handed.value.run() }) { applied in
-            self.finish(plan, applied)
-            self.writerGoesOn()
-        }
-        return false
-    }
-
     /// Plans every request against the committed items plus the requests before it.
-    private func plan(_ writes: [PendingWrite], atomic: Bool, engineName: String) -> Plan {
+    func plan(_ writes: [PendingWrite], engine: any StorageEngine) -> Plan? {
+        let atomic = engine.capabilities.contains(.atomic)
+        let engineName = engine.name
         var items = 0
         var lastItems = 0
         writes.withUnsafeBufferPointer { writes in
@@ -642,8 +335,8 @@ final class ManagedStore: @unchecked Sendable {
         }
         let now = limits.clock.milliseconds()
         var plan = Plan(
-            writes: writes, outcomes: [], commits: [], silenced: [], steps: [], insertHints: [], base: position,
-            epoch: epoch, sequence: sequence)
+            writes: writes, outcomes: [], commits: [], silenced: [], steps: [], insertHints: [], base: writer.position,
+            epoch: writer.epoch, sequence: writer.sequence)
         plan.outcomes.reserveCapacity(writes.count)
         plan.commits.reserveCapacity(writes.count)
         // The planner holds a second reference to the committed items only while it plans: once it is gone, the
@@ -651,7 +344,9 @@ final class ManagedStore: @unchecked Sendable {
         var planner = WritePlanner(base: contents, items: items, remembered: items - lastItems)
         writes.withUnsafeBufferPointer { writes in
             for index in writes.indices {
-                guard case .write(let operation) = writes[index].kind else { preconditionFailure("drops are not grouped") }
+                guard case .write(let operation) = writes[index].kind else {
+                    preconditionFailure("drops are not grouped")
+                }
                 if let conflict = conflict(writes[index].condition, epoch: plan.epoch, sequence: plan.sequence) {
                     plan.outcomes.append(.failed(conflict))
                     continue
@@ -662,14 +357,15 @@ final class ManagedStore: @unchecked Sendable {
                         .failed(
                             BrokerError(
                                 .notSupported,
-                                "engine \(engineName) cannot apply a chain atomically, so store \(name) refuses chains")))
+                                "engine \(engineName) cannot apply a chain atomically, so store \(name) refuses chains")
+                        ))
                     continue
                 }
                 guard let events = planner.plan(operation, now: now, last: index == writes.count - 1) else {
                     plan.outcomes.append(.unchanged(epoch: plan.epoch, sequence: plan.sequence))
                     continue
                 }
-                if plan.sequence == 0 { plan.epoch = manifest?.epoch ?? Manifest.newEpoch() }
+                if plan.sequence == 0 { plan.epoch = writer.manifest?.epoch ?? Manifest.newEpoch() }
                 plan.sequence += 1
                 plan.outcomes.append(.committed(sequence: plan.sequence))
                 if let quiet = writes[index].silenced {
@@ -683,61 +379,45 @@ final class ManagedStore: @unchecked Sendable {
         }
         plan.steps = planner.engineSteps
         plan.insertHints = planner.insertHints
+        guard plan.sequence != plan.base.sequence else {
+            answer(plan.writes, plan.outcomes, epoch: plan.epoch)
+            return nil
+        }
         return plan
     }
 
-    /// A group's apply came back: published and answered, or failed and answered, or lost to another broker's
-    /// commit and queued again behind a catch-up.
-    private func finish(_ plan: Plan, _ applied: ApplyJob.Applied) {
-        if let created = applied.created {
-            engine = created.engine
-            engineStore = created.store
-            manifest = created.manifest
-            logger.info("store created", metadata: ["engine": "\(created.engine.name)", "epoch": "\(created.manifest.epoch)"])
-        }
-        if let adopted = applied.manifest { manifest = adopted }
-        if applied.lost {
-            lostGroups += 1
-            if lostGroups < Self.sharedAttempts {
-                // Another broker committed first: take its commits in, then plan the same writes again.
-                logger.debug("lost a commit to another broker; catching up", metadata: ["attempt": "\(lostGroups)"])
-                for write in plan.writes.reversed() { pending.prepend(write) }
-                catchUpWanted = true
-                return
-            }
-        }
-        lostGroups = 0
-        if let failure = applied.failure {
-            logger.error(
-                "commit failed, nothing changed: \(failure.message)",
-                metadata: failure.logMetadata.merging(["requests": "\(plan.writes.count)"]) { $1 })
-            let base = plan.base
-            let failed = plan.outcomes.map { outcome -> Outcome in
-                switch outcome {
-                case .failed: outcome
-                case .unchanged: .unchanged(epoch: base.epoch, sequence: base.sequence)
-                case .committed: .failed(failure)
-                }
-            }
-            return answer(plan.writes, failed, epoch: base.epoch)
-        }
-        // Committed: memory and history, in sequence order; then the broadcast and the answers. What they let go
-        // of is released after the answers.
+    func sharedRecords(_ plan: Plan) -> [(sequence: UInt64, record: [UInt8])] {
+        plan.commits.map { ($0.sequence, CommitRecord.encode($0.steps)) }
+    }
+
+    /// Committed: memory and history, in sequence order; then the broadcast and the answers. What they let go of is
+    /// released after the answers.
+    func publish(_ plan: Plan, applyTook: UInt64) {
         var released = StoreContents.Released()
         var evicted: [Commit] = []
         var nextHint = 0
         plan.commits.withUnsafeBufferPointer { commits in
             for index in commits.indices {
                 contents.apply(commits[index].steps, hints: plan.insertHints, from: &nextHint, released: &released)
-                history.append(commits[index], maxCount: limits.history, maxBytes: limits.historyBytes, evicted: &evicted)
+                history.append(
+                    commits[index], maxCount: limits.history, maxBytes: limits.historyBytes, evicted: &evicted)
             }
         }
-        epoch = plan.epoch
-        sequence = plan.sequence
-        gathering.committed(plan.writes, applyTook: applied.applyTook, queued: pending)
         broadcast(plan.commits.map { (.storeEvent($0), $0.position) }, commits: plan.commits, silenced: plan.silenced)
         answer(plan.writes, plan.outcomes, epoch: plan.epoch)
         withExtendedLifetime((released, evicted)) {}
+    }
+
+    func answer(_ plan: Plan, failure: BrokerError) {
+        let base = plan.base
+        let failed = plan.outcomes.map { outcome -> Outcome in
+            switch outcome {
+            case .failed: outcome
+            case .unchanged: .unchanged(epoch: base.epoch, sequence: base.sequence)
+            case .committed: .failed(failure)
+            }
+        }
+        answer(plan.writes, failed, epoch: base.epoch)
     }
 
     private func answer(_ writes: [PendingWrite], _ outcomes: [Outcome], epoch: UInt64) {
@@ -746,26 +426,29 @@ final class ManagedStore: @unchecked Sendable {
                 switch outcomes[index] {
                 case .failed(let error): writes[index].reply(.failure(error))
                 case .unchanged(let epoch, let sequence):
-                    writes[index].reply(.success(.written(CommitResult(committed: false, epoch: epoch, sequence: sequence))))
+                    writes[index].reply(
+                        .success(.written(CommitResult(committed: false, epoch: epoch, sequence: sequence))))
                 case .committed(let sequence):
-                    writes[index].reply(.success(.written(CommitResult(committed: true, epoch: epoch, sequence: sequence))))
+                    writes[index].reply(
+                        .success(.written(CommitResult(committed: true, epoch: epoch, sequence: sequence))))
                 }
             }
         }
     }
 
-    private func drop(_ write: PendingWrite) {
-        if let conflict = conflict(write.condition, epoch: epoch, sequence: sequence) {
+    /// A drop, the one write that goes alone: the engine's files and the place are deleted on a thread for blocking
+    /// work, then memory is emptied and subscribers are told `dropped`.
+    func performAlone(_ write: PendingWrite, _ done: @escaping () -> Void) {
+        if let conflict = conflict(write.condition, epoch: writer.epoch, sequence: writer.sequence) {
             write.reply(.failure(conflict))
-            return writerGoesOn()
+            return done()
         }
-        guard let manifest else {
+        guard let manifest = writer.manifest else {
             write.reply(.success(.written(CommitResult(committed: false, epoch: 0, sequence: 0))))
-            return writerGoesOn()
+            return done()
         }
-        let (store, engine, place) = (engineStore, engine, place)
-        let engines = environment.engines
-        engineStore = nil
+        let (store, engine, place, engines) = (writer.engineStore, writer.engine, writer.place, environment.engines)
+        writer.engineStore = nil
         let handed = Handover(store)
         environment.offOwner({
             Result { () throws(BrokerError) in
@@ -778,19 +461,20 @@ final class ManagedStore: @unchecked Sendable {
             if case .failure(let error) = result {
                 self.logger.error("drop failed: \(error.message)", metadata: error.logMetadata)
                 // Reload from whatever is left before the next request.
-                self.loading = .unloaded
+                self.writer.forgetLoad()
                 write.reply(.failure(error))
-                return self.writerGoesOn()
+                return done()
             }
-            let dropped = self.position
+            let dropped = self.writer.position
             let removed = self.emptied(forgettingEngine: true)
             // Observers hear of a drop as a remove of every id the store held, at sequence 0.
             self.broadcast(
                 [(.dropped(dropped), Position(epoch: 0, sequence: 0))],
                 commits: removed.isEmpty ? [] : [Commit(epoch: 0, sequence: 0, steps: [.remove(ids: removed)])])
-            self.logger.info("store dropped", metadata: ["epoch": "\(dropped.epoch)", "sequence": "\(dropped.sequence)"])
+            self.logger.info(
+                "store dropped", metadata: ["epoch": "\(dropped.epoch)", "sequence": "\(dropped.sequence)"])
             write.reply(.success(.written(CommitResult(committed: true, epoch: 0, sequence: 0))))
-            self.writerGoesOn()
+            done()
         }
     }
 
@@ -799,10 +483,10 @@ final class ManagedStore: @unchecked Sendable {
     private func emptied(forgettingEngine: Bool) -> [ItemID] {
         let removed = !environment.observers.isEmpty && contents.count > 0 ? contents.ids : []
         contents = StoreContents()
-        epoch = 0
-        sequence = 0
-        manifest = nil
-        if forgettingEngine { engine = nil }
+        writer.epoch = 0
+        writer.sequence = 0
+        writer.manifest = nil
+        if forgettingEngine { writer.engine = nil }
         history = EventHistory()
         return removed
     }
@@ -813,135 +497,69 @@ final class ManagedStore: @unchecked Sendable {
     /// group. A store not loaded yet is loaded by replaying its commits from the first the log holds, so that this
     /// broker's observers (D-Bus) hear of every commit from then on.
     func follow() {
-        guard !isRetired, !stopping else { return }
-        switch loading {
-        case .loading:
-            // The load reads the database as it is then; the writer catches up after it all the same.
-            catchUpWanted = true
-        case .unloaded:
-            loadByReplay()
-        case .ready:
-            catchUpWanted = true
-            catchUpFailed = false
-            startWriterIfNeeded()
-        }
+        guard !isRetired, !writer.stopping else { return }
+        guard writer.loading == .unloaded else { return writer.requestCatchUp() }
+        let job = CatchUpJob(
+            place: writer.place, name: name, engine: nil, defaultEngine: environment.configuration.defaultEngine,
+            engines: environment.engines, store: nil, position: Position(epoch: 0, sequence: 0), manifest: nil)
+        writer.loadByCatchUp { job.run() }
     }
 
     /// Whether this store is loaded at `position` (its own commit's notice: nothing to catch up).
-    func holds(_ position: Position) -> Bool { loading == .ready && self.position == position }
+    func holds(_ position: Position) -> Bool { writer.loading == .ready && writer.position == position }
 
-    /// Loads a store from nothing by taking in its commits from the first (or, when the log no longer reaches
-    /// back, as the database holds it now), then answers what waited for the load. Falls back to a plain load.
-    private func loadByReplay() {
-        loading = .loading
-        let job = CatchUpJob(
-            place: place, name: name, engine: nil, defaultEngine: environment.configuration.defaultEngine,
-            engines: environment.engines, store: nil, position: Position(epoch: 0, sequence: 0), manifest: nil)
-        environment.offOwner({ job.run() }) { (effects, failure) in
-            if let failure {
-                self.logger.warning("cannot replay the store's commits, loading it instead: \(failure.message)")
-                let opened = effects.lazy.compactMap { effect -> (any EngineStore)? in
-                    if case .opened(_, let store) = effect { return store }
-                    return nil
-                }.first
-                if let opened { self.environment.offOwner({ Handover(opened).value.close() }) { _ in } }
-                return self.load()
-            }
-            self.take(effects)
-            self.becomeReady()
-        }
-    }
+    /// Whether the last catch-up failed (the watcher asks again).
+    var catchUpFailed: Bool { writer.catchUpFailed }
 
-    /// Brings memory up to the shared database (`CatchUpJob`), then `then`.
-    private func catchUp(then: @escaping () -> Void) {
+    func catchUpJob() -> @Sendable () -> ([CatchUpJob.Finding], BrokerError?) {
         let job = CatchUpJob(
-            place: place, name: name, engine: engine, defaultEngine: environment.configuration.defaultEngine,
-            engines: environment.engines, store: engineStore, position: position, manifest: manifest)
-        environment.offOwner({ job.run() }) { (effects, failure) in
-            self.take(effects)
-            if let failure {
-                self.logger.error(
-                    "cannot catch up with the shared database: \(failure.message)", metadata: failure.logMetadata)
-                self.catchUpFailed = true
-            }
-            then()
-        }
+            place: writer.place, name: name, engine: writer.engine,
+            defaultEngine: environment.configuration.defaultEngine,
+            engines: environment.engines, store: writer.engineStore, position: writer.position,
+            manifest: writer.manifest)
+        return { job.run() }
     }
 
     /// What a catch-up found, in order: into memory and history, and to subscribers and observers exactly as if
     /// made here (same sequences, same steps).
-    private func take(_ effects: [CatchUpJob.Effect]) {
-        for effect in effects {
-            switch effect {
-            case .opened(let engine, let store):
-                self.engine = engine
-                engineStore = store
-            case .adopted(let adopted):
-                manifest = adopted
-            case .commits(let commits):
-                guard let last = commits.last else { continue }
-                var evicted: [Commit] = []
-                for commit in commits {
-                    contents.apply(commit.steps)
-                    history.append(commit, maxCount: limits.history, maxBytes: limits.historyBytes, evicted: &evicted)
-                }
-                epoch = last.epoch
-                sequence = last.sequence
-                broadcast(commits.map { (.storeEvent($0), $0.position) }, commits: commits)
-            case .droppedElsewhere:
-                // The engine store stays open: a shared store is named by its name, and its place here is made
-                // again when it is created again.
-                let dropped = position
-                let removed = emptied(forgettingEngine: false)
-                broadcast(
-                    [(.dropped(dropped), Position(epoch: 0, sequence: 0))],
-                    commits: removed.isEmpty ? [] : [Commit(epoch: 0, sequence: 0, steps: [.remove(ids: removed)])])
-                logger.info(
-                    "store dropped by another broker",
-                    metadata: ["epoch": "\(dropped.epoch)", "sequence": "\(dropped.sequence)"])
-            case .reloaded(let reloaded, let at, let adopted):
-                contents = reloaded
-                epoch = at.epoch
-                sequence = at.sequence
-                manifest = adopted
-                history = EventHistory()
-                logger.notice(
-                    "reloaded from the shared database: other brokers' commits since this one's position are no longer logged")
-                guard !subscribers.isEmpty else { continue }
-                let snapshot = SharedPush(.storeLoaded(at, contents.records))
-                for subscription in subscribers.values {
-                    subscription.offer(.historyGone(at), at: at, force: true)
-                    subscription.offer(snapshot, at: at, force: true)
-                }
+    func take(_ change: CatchUpJob.Change) {
+        switch change {
+        case .commits(let commits):
+            guard let last = commits.last else { return }
+            var evicted: [Commit] = []
+            for commit in commits {
+                contents.apply(commit.steps)
+                history.append(commit, maxCount: limits.history, maxBytes: limits.historyBytes, evicted: &evicted)
+            }
+            writer.epoch = last.epoch
+            writer.sequence = last.sequence
+            broadcast(commits.map { (.storeEvent($0), $0.position) }, commits: commits)
+        case .droppedElsewhere:
+            // The engine store stays open: a shared store is named by its name, and its place here is made
+            // again when it is created again.
+            let dropped = writer.position
+            let removed = emptied(forgettingEngine: false)
+            broadcast(
+                [(.dropped(dropped), Position(epoch: 0, sequence: 0))],
+                commits: removed.isEmpty ? [] : [Commit(epoch: 0, sequence: 0, steps: [.remove(ids: removed)])])
+            logger.info(
+                "store dropped by another broker",
+                metadata: ["epoch": "\(dropped.epoch)", "sequence": "\(dropped.sequence)"])
+        case .reloaded(let reloaded, let at, let adopted):
+            contents = reloaded
+            writer.epoch = at.epoch
+            writer.sequence = at.sequence
+            writer.manifest = adopted
+            history = EventHistory()
+            logger.notice(
+                "reloaded from the shared database: other brokers' commits since this one's position are no longer logged"
+            )
+            guard !subscribers.isEmpty else { return }
+            let snapshot = SharedPush(.storeLoaded(at, contents.records))
+            for subscription in subscribers.values {
+                subscription.offer(.historyGone(at), at: at, force: true)
+                subscription.offer(snapshot, at: at, force: true)
             }
         }
-    }
-
-    // MARK: Shutdown
-
-    /// Refuses new writes, finishes the queued ones, then closes the engine store; `done` runs when it is closed.
-    func shutdown(_ done: @escaping () -> Void) {
-        stopping = true
-        whenIdle {
-            guard let store = self.engineStore else { return done() }
-            self.engineStore = nil
-            let handed = Handover(store)
-            self.environment.offOwner({ handed.value.close() }) { _ in done() }
-        }
-    }
-
-    /// A store loaded once shutdown had begun: its engine store is closed once the writes queued meanwhile are done.
-    private func closeIfIdle() {
-        whenIdle {
-            guard let store = self.engineStore else { return }
-            self.engineStore = nil
-            let handed = Handover(store)
-            self.environment.offOwner({ handed.value.close() }) { _ in }
-        }
-    }
-
-    /// Runs `body` once nothing is queued, loading or being written (now, if so).
-    func whenIdle(_ body: @escaping () -> Void) {
-        if isIdle { body() } else { idleWaiters.append(body) }
     }
 }

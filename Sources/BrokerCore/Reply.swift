@@ -37,7 +37,7 @@ public struct Reply: Sendable {
 }
 
 /// A write waiting for the store's writer.
-struct PendingWrite {
+struct PendingWrite: QueuedWrite {
     enum Kind: Sendable {
         case write(WriteOperation)
         case drop
@@ -59,4 +59,18 @@ struct PendingWrite {
     /// write itself.
     var silenced: ObjectIdentifier? = nil
     var reply: Reply
+}
+
+extension PendingWrite {
+    var weight: Int { kind.insertedItemCount }
+
+    var isAlone: Bool {
+        if case .drop = kind { return true }
+        return false
+    }
+
+    var dropsBrokenPlace: Bool {
+        if case .drop = kind, case .unconditional = condition { return true }
+        return false
+    }
 }

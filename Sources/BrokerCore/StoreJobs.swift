@@ -57,7 +57,7 @@ struct ApplyJob {
                 try EnginePlace.engineCall { () throws(EngineFailure) in try open.apply(steps, sequence: sequence) }
             }
             applied.applyTook = monotonicNanoseconds() - started
-        } catch where (error.underlying as? EngineFailure)?.code == .conflict && shared {
+        } catch  where (error.underlying as? EngineFailure)?.code == .conflict && shared {
             applied.lost = true
             return applied
         } catch {
@@ -86,17 +86,15 @@ struct CatchUpJob: @unchecked Sendable {
     let position: Position
     let manifest: Manifest?
 
-    enum Effect {
-        /// The store was opened to read it; the owner keeps it.
-        case opened(any StorageEngine, any EngineStore)
-        case adopted(Manifest)
+    enum Change {
         case commits([Commit])
         case droppedElsewhere
         case reloaded(StoreContents, Position, Manifest?)
     }
+    typealias Finding = CatchUpFinding<Change>
 
-    func run() -> ([Effect], BrokerError?) {
-        var effects: [Effect] = []
+    func run() -> ([Finding], BrokerError?) {
+        var effects: [Finding] = []
         do throws(BrokerError) {
             try catchUp(into: &effects)
             return (effects, nil)
@@ -105,7 +103,7 @@ struct CatchUpJob: @unchecked Sendable {
         }
     }
 
-    private func catchUp(into effects: inout [Effect]) throws(BrokerError) {
+    private func catchUp(into effects: inout [Finding]) throws(BrokerError) {
         var store = self.store
         var position = self.position
         var manifest = self.manifest
@@ -113,10 +111,12 @@ struct CatchUpJob: @unchecked Sendable {
             let engine: any StorageEngine
             if let known = self.engine { engine = known } else { engine = try engines.engine(named: defaultEngine) }
             guard
-                let shared = try place.sharedStore(engine, current: store, keep: { opened in
-                    store = opened
-                    effects.append(.opened(engine, opened))
-                })
+                let shared = try place.sharedStore(
+                    engine, current: store,
+                    keep: { opened in
+                        store = opened
+                        effects.append(.opened(engine, opened))
+                    })
             else { return }
             var fetched: [Commit] = []
             var unreadable: BrokerError?
@@ -142,7 +142,7 @@ struct CatchUpJob: @unchecked Sendable {
                     if reached.sequence < position.sequence {
                         return try reload(shared, engine: engine, manifest: manifest, into: &effects)
                     }
-                    effects.append(.commits(fetched))
+                    effects.append(.change(.commits(fetched)))
                     return
                 }
                 if position.epoch != 0 {
@@ -155,7 +155,7 @@ struct CatchUpJob: @unchecked Sendable {
                                 "cannot remove the place of a store another broker dropped: \(error.message)")
                         }
                     }
-                    effects.append(.droppedElsewhere)
+                    effects.append(.change(.droppedElsewhere))
                     position = Position(epoch: 0, sequence: 0)
                     manifest = nil
                     continue
@@ -169,10 +169,10 @@ struct CatchUpJob: @unchecked Sendable {
                 reached = try read(epoch: reached.epoch, after: 0)
                 if let unreadable { throw unreadable }
                 if reached.epoch == adopted.epoch {
-                    effects.append(.commits(fetched))
+                    effects.append(.change(.commits(fetched)))
                     return
                 }
-            } catch where (error.underlying as? EngineFailure)?.code == .gone {
+            } catch  where (error.underlying as? EngineFailure)?.code == .gone {
                 return try reload(shared, engine: engine, manifest: manifest, into: &effects)
             }
         }
@@ -180,11 +180,12 @@ struct CatchUpJob: @unchecked Sendable {
 
     /// The commit log no longer reaches back to this store's position: the store as the database holds it now.
     private func reload(
-        _ shared: any SharedEngineStore, engine: any StorageEngine, manifest: Manifest?, into effects: inout [Effect]
+        _ shared: any SharedEngineStore, engine: any StorageEngine, manifest: Manifest?, into effects: inout [Finding]
     ) throws(BrokerError) {
         var contents = StoreContents()
         let position = try EnginePlace.engineCall { () throws(EngineFailure) in try shared.load { contents.load($0) } }
-        let adopted = position.epoch == 0 ? nil : try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
-        effects.append(.reloaded(contents, position, adopted))
+        let adopted =
+            position.epoch == 0 ? nil : try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
+        effects.append(.change(.reloaded(contents, position, adopted)))
     }
 }

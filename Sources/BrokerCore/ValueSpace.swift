@@ -11,55 +11,46 @@ public protocol ValueSealer: Sendable {
 }
 
 /// Every value of one namespace (values, or secure values): Boutique's @StoredValue across processes. Owned by
-/// the broker's owner loop, as a store is (`StoreEnvironment`).
+/// the broker's owner loop, as a store is; its writer is the same machine as a store's (`PlaceWriter`).
 ///
 /// All values of a namespace live in one engine store (`DATA/values`, `DATA/secure-values`), one record per
 /// name: `u64 sequence, u8 state (0 unset, 1 set), bytes` (sealed for secure values). A reset keeps its record
 /// as "unset" so that the value's sequence keeps counting and an old sequence never matches again. Each value
-/// has its own sequence and events; the namespace has one epoch (its manifest's). Writes queue and are
-/// committed in groups as a store's are (on the owner for a nonblocking engine, else one blocking job per group);
-/// reads answer from memory.
-final class ValueSpace: @unchecked Sendable {
-    // `@unchecked Sendable`: blocking jobs capture the namespace for its immutable fields; its state is touched
-    // only on the owner.
+/// has its own sequence and events; the namespace has one epoch (its manifest's), and the writer's sequence counts
+/// the namespace's commits of any value. Reads answer from memory.
+final class ValueSpace: WriterModel, @unchecked Sendable {
+    // `@unchecked Sendable`: blocking jobs capture values made from the namespace, never its state, which only the
+    // owner touches.
     let namespace: Namespace
     private let environment: StoreEnvironment
     private let sealer: (any ValueSealer)?
     private let clock: WallClock
 
-    private struct Entry {
+    struct Entry {
         var sequence: UInt64
         var value: ByteBuffer?
     }
 
-    private var loaded = false
-    private var loading = false
-    private var waiting: [(BrokerError?) -> Void] = []
+    private(set) lazy var writer = PlaceWriter(
+        model: self, environment: environment,
+        place: EnginePlace(
+            environment: environment, place: environment.directory.values(namespace),
+            storeName: Self.engineStoreName(namespace)),
+        logger: logger, stopping: false)
     private var values: [String: Entry] = [:]
-    /// 0 until the namespace's first commit.
-    private var epoch: UInt64 = 0
-    /// The engine store's own sequence: +1 per commit of any value.
-    private var commits: UInt64 = 0
-    private var manifest: Manifest?
-    private var engine: (any StorageEngine)?
-    private var engineStore: (any EngineStore)?
     private var subscribers: [String: [ObjectIdentifier: Subscription]] = [:]
-    private var pending = Deque<Write>()
-    /// A group is being committed by a blocking job, or a catch-up reads the shared database.
-    private var writing = false
-    private var stopping = false
-    private var idleWaiters: [() -> Void] = []
-    /// Shared values (ABI 2.1): another broker may have committed; the writer catches up.
-    private var catchUpWanted = false
-    private(set) var catchUpFailed = false
-    private var lostGroups = 0
 
-    struct Write {
+    struct Write: QueuedWrite {
         var name: String
         /// `nil`: reset.
         var value: ByteBuffer?
         var condition: Condition
+        var submitter: UInt64
         var reply: Reply
+
+        var weight: Int { 1 }
+        var isAlone: Bool { false }
+        var dropsBrokenPlace: Bool { false }
     }
 
     init(namespace: Namespace, environment: StoreEnvironment, sealer: (any ValueSealer)?) {
@@ -70,12 +61,6 @@ final class ValueSpace: @unchecked Sendable {
     }
 
     private var isSecure: Bool { namespace == .secureValue }
-
-    private var place: EnginePlace {
-        EnginePlace(
-            environment: environment, place: environment.directory.values(namespace),
-            storeName: Self.engineStoreName(namespace))
-    }
 
     /// The name the engine is told: one no store can have ('#' is not allowed in one), so that an engine that
     /// names stores by name (a shared one) never mixes a namespace with a store called "values".
@@ -98,54 +83,27 @@ final class ValueSpace: @unchecked Sendable {
 
     // MARK: Loading
 
-    private func whenLoaded(_ body: @escaping (BrokerError?) -> Void) {
-        if loaded { return body(nil) }
-        waiting.append(body)
-        if !loading { load() }
+    func loadJob() -> @Sendable () throws(BrokerError) -> (EnginePlace.Loaded?, [String: Entry]) {
+        let place = writer.place
+        let decode = self.decode
+        return { () throws(BrokerError) in
+            var records: [EngineRecord] = []
+            let loaded = try place.load(visit: { records.append(EngineRecord($0)) })
+            var values: [String: Entry] = [:]
+            for record in records {
+                let name = String(decoding: record.key, as: UTF8.self)
+                values[name] = try decode(record.payload, name)
+            }
+            return (loaded, values)
+        }
     }
 
-    private func load() {
-        loading = true
-        let place = place
-        let decode = self.decode
-        environment.offOwner({ () -> Result<(EnginePlace.Loaded?, [String: Entry]), BrokerError> in
-            Result { () throws(BrokerError) in
-                var records: [EngineRecord] = []
-                let loaded = try place.load(visit: { records.append(EngineRecord($0)) })
-                var values: [String: Entry] = [:]
-                for record in records {
-                    let name = String(decoding: record.key, as: UTF8.self)
-                    values[name] = try decode(record.payload, name)
-                }
-                return (loaded, values)
-            }
-        }) { result in
-            self.loading = false
-            switch result {
-            case .success(let (loaded, values)):
-                self.values = values
-                self.commits = loaded?.position?.sequence ?? loaded?.store.openedSequence ?? 0
-                self.epoch = self.commits > 0 ? (loaded?.position?.epoch ?? loaded?.manifest.epoch ?? 0) : 0
-                self.manifest = loaded?.manifest
-                self.engine = loaded?.engine
-                self.engineStore = loaded?.store
-                self.loaded = true
-                let waiting = self.waiting
-                self.waiting = []
-                for body in waiting { body(nil) }
-                self.startWriterIfNeeded()
-                self.notifyIdleWaiters()
-                if self.stopping { self.shutdown {} }
-            case .failure(let error):
-                self.logger.error("cannot load: \(error.message)", metadata: error.logMetadata)
-                let (waiting, writes) = (self.waiting, self.pending)
-                self.waiting = []
-                self.pending = []
-                for body in waiting { body(error) }
-                for write in writes { write.reply(.failure(error)) }
-                self.notifyIdleWaiters()
-            }
-        }
+    func install(_ values: [String: Entry]) { self.values = values }
+
+    /// Loads the namespace now (a shared one is followed from the start, so that every change another broker
+    /// makes is announced here).
+    func preload() {
+        writer.whenLoaded { _ in }
     }
 
     /// A record's payload: `u64 sequence, u8 state, bytes`.
@@ -188,34 +146,36 @@ final class ValueSpace: @unchecked Sendable {
 
     /// `valueResult`: an unset value answers state `unset`, with its sequence.
     func get(_ name: String, _ reply: Reply) {
-        whenLoaded { failure in
+        writer.whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
             let entry = self.values[name]
             reply(
                 .success(
                     .value(
-                        Position(epoch: self.epoch, sequence: entry?.sequence ?? 0), self.state(of: entry, withheld: false))))
+                        Position(epoch: self.writer.epoch, sequence: entry?.sequence ?? 0),
+                        self.state(of: entry, withheld: false))))
         }
     }
 
     /// Every value ever set (reset ones too, unset), in name byte order, that `grant` lets its peer read.
     func list(readableBy grant: Grant, _ reply: Reply) {
-        whenLoaded { failure in
+        writer.whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
             let listed = self.values.compactMap { name, entry -> ValueInfo? in
                 guard grant.allows(name, write: false) else { return nil }
-                return ValueInfo(name: name, epoch: self.epoch, sequence: entry.sequence, isSet: entry.value != nil)
+                return ValueInfo(
+                    name: name, epoch: self.writer.epoch, sequence: entry.sequence, isSet: entry.value != nil)
             }
             reply(.success(.values(listed.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) })))
         }
     }
 
     func subscribe(_ subscription: Subscription, start: SubscriptionStart, _ reply: Reply) {
-        whenLoaded { failure in
+        writer.whenLoaded { failure in
             if let failure { return reply(.failure(failure)) }
             let name = subscription.name
             let entry = self.values[name]
-            let position = Position(epoch: self.epoch, sequence: entry?.sequence ?? 0)
+            let position = Position(epoch: self.writer.epoch, sequence: entry?.sequence ?? 0)
             let loaded = Push.valueLoaded(position, self.state(of: entry, withheld: self.isSecure))
             switch start {
             case .resume(let epoch, let sequence) where epoch == position.epoch && sequence == position.sequence:
@@ -246,47 +206,11 @@ final class ValueSpace: @unchecked Sendable {
             for write in writes { write.reply(.failure(error)) }
             return
         }
-        guard !stopping else {
-            let error = BrokerError(.shuttingDown, "the broker is shutting down")
-            for write in writes { write.reply(.failure(error)) }
-            return
-        }
-        pending.append(contentsOf: writes)
-        if loaded { startWriterIfNeeded() } else if !loading { load() }
+        var queued = writes.map(Optional.some)
+        writer.submit(&queued)
     }
 
-    private func startWriterIfNeeded() {
-        guard loaded, !writing else { return }
-        while !writing {
-            if catchUpWanted {
-                catchUpWanted = false
-                writing = true
-                return catchUp { self.writerGoesOn() }
-            }
-            guard !pending.isEmpty else { return notifyIdleWaiters() }
-            let count = min(pending.count, max(1, environment.configuration.maxGroupCommit))
-            let group = Array(pending.prefix(count))
-            pending.removeFirst(count)
-            commit(group)
-        }
-    }
-
-    private func writerGoesOn() {
-        writing = false
-        startWriterIfNeeded()
-        notifyIdleWaiters()
-    }
-
-    private var isIdle: Bool { !writing && pending.isEmpty && !loading && !catchUpWanted }
-
-    private func notifyIdleWaiters() {
-        guard isIdle, !idleWaiters.isEmpty else { return }
-        let waiters = idleWaiters
-        idleWaiters = []
-        for waiter in waiters { waiter() }
-    }
-
-    private enum Outcome {
+    enum Outcome {
         case failed(BrokerError)
         case unchanged(sequence: UInt64)
         case committed(name: String, entry: Entry)
@@ -311,124 +235,111 @@ final class ValueSpace: @unchecked Sendable {
         case .epochSequence(let expectedEpoch, let expectedSequence):
             expected = "sequence \(expectedSequence) in epoch \(expectedEpoch)"
         }
-        return BrokerError(.conflict, "\(isSecure ? "secure value" : "value") \(name) \(now); the write expected \(expected)")
+        return BrokerError(
+            .conflict, "\(isSecure ? "secure value" : "value") \(name) \(now); the write expected \(expected)")
     }
 
-    private struct Plan {
+    struct Plan: PlannedGroup {
+        var writes: [Write]
         var outcomes: [Outcome] = []
         var steps: [EngineStep] = []
+        var base: Position
         var epoch: UInt64
-        var commits: UInt64
+        /// The namespace's commits after the group.
+        var sequence: UInt64
     }
 
     /// Plans each write against the values as the writes before it leave them.
-    private func plan(_ writes: [Write]) throws(BrokerError) -> Plan {
+    func plan(_ writes: [Write], engine: any StorageEngine) -> Plan? {
         let now = clock.milliseconds()
         var working: [String: Entry] = [:]
-        var plan = Plan(epoch: epoch, commits: commits)
-        for write in writes {
-            let entry = working[write.name] ?? values[write.name]
-            if let conflict = conflict(write.condition, name: write.name, entry: entry, epoch: plan.epoch) {
-                plan.outcomes.append(.failed(conflict))
-                continue
+        let before = writer.sequence
+        var plan = Plan(
+            writes: writes, base: Position(epoch: before == 0 ? 0 : writer.epoch, sequence: before),
+            epoch: writer.epoch, sequence: before)
+        do throws(BrokerError) {
+            for write in writes {
+                let entry = working[write.name] ?? values[write.name]
+                if let conflict = conflict(write.condition, name: write.name, entry: entry, epoch: plan.epoch) {
+                    plan.outcomes.append(.failed(conflict))
+                    continue
+                }
+                if write.value == entry?.value {
+                    plan.outcomes.append(.unchanged(sequence: entry?.sequence ?? 0))  // same bytes, or reset of unset
+                    continue
+                }
+                let next = Entry(sequence: (entry?.sequence ?? 0) + 1, value: write.value)
+                working[write.name] = next
+                if plan.sequence == 0 { plan.epoch = writer.manifest?.epoch ?? Manifest.newEpoch() }
+                plan.sequence += 1
+                plan.steps.append(
+                    .put(
+                        EngineRecord(
+                            key: Array(write.name.utf8), payload: try encode(next, name: write.name), createdAt: now,
+                            updatedAt: now)))
+                plan.outcomes.append(.committed(name: write.name, entry: next))
             }
-            if write.value == entry?.value {
-                plan.outcomes.append(.unchanged(sequence: entry?.sequence ?? 0))  // same bytes, or reset of unset
-                continue
-            }
-            let next = Entry(sequence: (entry?.sequence ?? 0) + 1, value: write.value)
-            working[write.name] = next
-            if plan.commits == 0 { plan.epoch = manifest?.epoch ?? Manifest.newEpoch() }
-            plan.commits += 1
-            plan.steps.append(
-                .put(
-                    EngineRecord(
-                        key: Array(write.name.utf8), payload: try encode(next, name: write.name), createdAt: now,
-                        updatedAt: now)))
-            plan.outcomes.append(.committed(name: write.name, entry: next))
+        } catch {
+            for write in writes { write.reply(.failure(error)) }
+            return nil
+        }
+        guard !plan.steps.isEmpty else {
+            for (write, outcome) in zip(writes, plan.outcomes) { answer(write, outcome, epoch: plan.epoch) }
+            return nil
         }
         return plan
     }
 
-    /// Plans `writes` and has them applied: on the owner for a nonblocking engine, else by a blocking job (the
-    /// writer waits for it).
-    private func commit(_ writes: [Write]) {
-        let plan: Plan
-        do throws(BrokerError) {
-            plan = try self.plan(writes)
-        } catch {
-            for write in writes { write.reply(.failure(error)) }
-            return
+    /// Each change is one commit of the namespace, its record the change itself.
+    func sharedRecords(_ plan: Plan) -> [(sequence: UInt64, record: [UInt8])] {
+        var records: [(sequence: UInt64, record: [UInt8])] = []
+        for (index, step) in plan.steps.enumerated() {
+            guard case .put(let record) = step else { continue }
+            records.append(
+                (
+                    plan.base.sequence + UInt64(index) + 1,
+                    CommitRecord.encodeValue(key: record.key, payload: record.payload)
+                ))
         }
-        guard !plan.steps.isEmpty else {
-            for (write, outcome) in zip(writes, plan.outcomes) { answer(write, outcome, epoch: plan.epoch) }
-            return
-        }
-        let engine: any StorageEngine
-        do throws(BrokerError) {
-            if let known = self.engine {
-                engine = known
-            } else {
-                engine = try environment.engines.engine(named: environment.configuration.defaultEngine)
-            }
-        } catch {
-            for write in writes { write.reply(.failure(error)) }
-            return
-        }
-        let job = ApplyValues(
-            place: place, engine: engine, store: engineStore, manifest: manifest, steps: plan.steps, epoch: plan.epoch,
-            commits: plan.commits)
-        if let store = engineStore, engine.capabilities.contains(.nonblocking), !EnginePlace.isShared(engine),
-            manifest?.committed == true
-        {
-            let failure = Result { () throws(BrokerError) in
-                try EnginePlace.engineCall { () throws(EngineFailure) in try store.apply(plan.steps, sequence: plan.commits) }
-            }
-            var applied = ApplyValues.Applied()
-            if case .failure(let error) = failure { applied.failure = error }
-            return finish(writes, plan, applied)
-        }
-        writing = true
-        let handed = Handover(job)
-        environment.offOwner({ handed.value.run() }) { applied in
-            self.finish(writes, plan, applied)
-            self.writerGoesOn()
-        }
+        return records
     }
 
-    private func finish(_ writes: [Write], _ plan: Plan, _ applied: ApplyValues.Applied) {
-        if let created = applied.created {
-            engine = created.engine
-            engineStore = created.store
-        }
-        if let updated = applied.manifest { manifest = updated }
-        if applied.lost {
-            lostGroups += 1
-            if lostGroups < ManagedStore.sharedAttempts {
-                for write in writes.reversed() { pending.prepend(write) }
-                catchUpWanted = true
-                return
-            }
-        }
-        lostGroups = 0
-        if let failure = applied.failure {
-            logger.error("commit failed, nothing changed: \(failure.message)", metadata: failure.logMetadata)
-            for (write, outcome) in zip(writes, plan.outcomes) {
-                if case .committed = outcome { write.reply(.failure(failure)) } else { answer(write, outcome, epoch: plan.epoch) }
-            }
-            return
-        }
+    func publish(_ plan: Plan, applyTook: UInt64) {
         var changes: [(name: String, entry: Entry)] = []
         for outcome in plan.outcomes {
             guard case .committed(let name, let entry) = outcome else { continue }
             values[name] = entry
             changes.append((name, entry))
         }
-        epoch = plan.epoch
-        commits = plan.commits
         announce(changes, epoch: plan.epoch)
-        for (write, outcome) in zip(writes, plan.outcomes) { answer(write, outcome, epoch: plan.epoch) }
+        for (write, outcome) in zip(plan.writes, plan.outcomes) { answer(write, outcome, epoch: plan.epoch) }
     }
+
+    func answer(_ plan: Plan, failure: BrokerError) {
+        for (write, outcome) in zip(plan.writes, plan.outcomes) {
+            if case .committed = outcome {
+                write.reply(.failure(failure))
+            } else {
+                answer(write, outcome, epoch: plan.epoch)
+            }
+        }
+    }
+
+    private func answer(_ write: Write, _ outcome: Outcome, epoch: UInt64) {
+        switch outcome {
+        case .failed(let error): write.reply(.failure(error))
+        case .unchanged(let sequence):
+            write.reply(.success(.written(CommitResult(committed: false, epoch: epoch, sequence: sequence))))
+        case .committed(_, let entry):
+            write.reply(.success(.written(CommitResult(committed: true, epoch: epoch, sequence: entry.sequence))))
+        }
+    }
+
+    func performAlone(_ write: Write, _ done: @escaping () -> Void) {
+        preconditionFailure("a value write is never carried out alone")
+    }
+
+    func writerStopped() {}
 
     /// Committed changes, in order, to their subscribers and the observers; subscribers that lagged or went away
     /// are forgotten.
@@ -449,159 +360,57 @@ final class ValueSpace: @unchecked Sendable {
         for (name, key) in ended { removeSubscriber(key, of: name) }
     }
 
-    private func answer(_ write: Write, _ outcome: Outcome, epoch: UInt64) {
-        switch outcome {
-        case .failed(let error): write.reply(.failure(error))
-        case .unchanged(let sequence):
-            write.reply(.success(.written(CommitResult(committed: false, epoch: epoch, sequence: sequence))))
-        case .committed(_, let entry):
-            write.reply(.success(.written(CommitResult(committed: true, epoch: epoch, sequence: entry.sequence))))
-        }
-    }
-
     // MARK: Shared values
 
     /// Another broker may have committed to this namespace: the writer catches up before its next group (a
     /// namespace not loaded yet reads the database when it loads).
     func follow(reaching position: Position? = nil) {
-        guard loaded, !stopping else { return }
+        guard writer.loading == .ready, !writer.stopping else { return }
         // Already there (this broker's own commit): nothing to catch up.
-        if let position, position.epoch == epoch, position.sequence == commits { return }
-        catchUpWanted = true
-        catchUpFailed = false
-        startWriterIfNeeded()
+        if let position, position == writer.position { return }
+        writer.requestCatchUp()
     }
 
-    /// Loads the namespace now (a shared one is followed from the start, so that every change another broker
-    /// makes is announced here).
-    func preload() {
-        whenLoaded { _ in }
-    }
+    var catchUpFailed: Bool { writer.catchUpFailed }
 
-    /// Takes in the changes other brokers committed since this namespace's position (`CatchUpValues`) and announces
-    /// them as if made here, then `then`.
-    private func catchUp(then: @escaping () -> Void) {
+    func catchUpJob() -> @Sendable () -> ([CatchUpValues.Finding], BrokerError?) {
         let job = CatchUpValues(
-            place: place, engine: engine, defaultEngine: environment.configuration.defaultEngine,
-            engines: environment.engines, store: engineStore, epoch: epoch, commits: commits, manifest: manifest,
-            decode: decode)
-        environment.offOwner({ job.run() }) { (effects, failure) in
-            for effect in effects {
-                switch effect {
-                case .opened(let engine, let store):
-                    self.engine = engine
-                    self.engineStore = store
-                case .adopted(let adopted):
-                    self.manifest = adopted
-                case .changes(let fetched, let epoch):
-                    guard let last = fetched.last else { continue }
-                    for change in fetched { self.values[change.name] = change.entry }
-                    self.epoch = epoch
-                    self.commits = last.commit
-                    self.announce(fetched.map { ($0.name, $0.entry) }, epoch: epoch)
-                case .reloaded(let values, let position, let adopted):
-                    var changes: [(name: String, entry: Entry)] = []
-                    for (name, entry) in values where self.values[name]?.sequence != entry.sequence {
-                        changes.append((name, entry))
-                    }
-                    self.values = values
-                    self.epoch = position.epoch
-                    self.commits = position.sequence
-                    self.manifest = adopted
-                    self.logger.notice(
-                        "reloaded from the shared database: the commit log no longer reached back to this broker's position")
-                    self.announce(changes.sorted { $0.entry.sequence < $1.entry.sequence }, epoch: position.epoch)
-                }
+            place: writer.place, engine: writer.engine, defaultEngine: environment.configuration.defaultEngine,
+            engines: environment.engines, store: writer.engineStore, epoch: writer.epoch, commits: writer.sequence,
+            manifest: writer.manifest, decode: decode)
+        return { job.run() }
+    }
+
+    /// Takes in the changes other brokers committed since this namespace's position and announces them as if made
+    /// here.
+    func take(_ change: CatchUpValues.Change) {
+        switch change {
+        case .changes(let fetched, let epoch):
+            guard let last = fetched.last else { return }
+            for change in fetched { values[change.name] = change.entry }
+            writer.epoch = epoch
+            writer.sequence = last.commit
+            announce(fetched.map { ($0.name, $0.entry) }, epoch: epoch)
+        case .reloaded(let reloaded, let position, let adopted):
+            var changes: [(name: String, entry: Entry)] = []
+            for (name, entry) in reloaded where values[name]?.sequence != entry.sequence {
+                changes.append((name, entry))
             }
-            if let failure {
-                self.logger.error("cannot catch up with the shared database: \(failure.message)", metadata: failure.logMetadata)
-                self.catchUpFailed = true
-            }
-            then()
+            values = reloaded
+            writer.epoch = position.epoch
+            writer.sequence = position.sequence
+            writer.manifest = adopted
+            logger.notice(
+                "reloaded from the shared database: the commit log no longer reached back to this broker's position")
+            announce(changes.sorted { $0.entry.sequence < $1.entry.sequence }, epoch: position.epoch)
         }
     }
-
-    // MARK: Shutdown
 
     /// Refuses new writes, finishes the queued ones, then closes the engine store; `done` runs when it is closed.
-    func shutdown(_ done: @escaping () -> Void) {
-        stopping = true
-        whenIdle {
-            guard let store = self.engineStore else { return done() }
-            self.engineStore = nil
-            let handed = Handover(store)
-            self.environment.offOwner({ handed.value.close() }) { _ in done() }
-        }
-    }
-
-    private func whenIdle(_ body: @escaping () -> Void) {
-        if isIdle { body() } else { idleWaiters.append(body) }
-    }
-
-    /// A group's apply on a thread for blocking work, creating the namespace's store on its first commit.
-    private struct ApplyValues {
-        let place: EnginePlace
-        let engine: any StorageEngine
-        let store: (any EngineStore)?
-        let manifest: Manifest?
-        let steps: [EngineStep]
-        let epoch: UInt64
-        let commits: UInt64
-
-        struct Applied {
-            var created: (engine: any StorageEngine, store: any EngineStore)?
-            var manifest: Manifest?
-            var failure: BrokerError?
-            var lost = false
-        }
-
-        func run() -> Applied {
-            var applied = Applied()
-            var manifest = self.manifest
-            do throws(BrokerError) {
-                let open: any EngineStore
-                if let store {
-                    open = store
-                } else {
-                    let (made, created) = try place.create(engine: engine, existing: manifest, epoch: epoch)
-                    applied.created = (engine, created)
-                    applied.manifest = made
-                    manifest = made
-                    open = created
-                }
-                if EnginePlace.isShared(engine), let shared = open as? any SharedEngineStore {
-                    // Shared with other brokers: committed only at the position planned against. Each change is one
-                    // commit of the namespace, its record the change itself.
-                    let base = commits - UInt64(steps.count)
-                    var records: [(sequence: UInt64, record: [UInt8])] = []
-                    for (index, step) in steps.enumerated() {
-                        guard case .put(let record) = step else { continue }
-                        records.append(
-                            (base + UInt64(index) + 1, CommitRecord.encodeValue(key: record.key, payload: record.payload)))
-                    }
-                    let expected = Position(epoch: base == 0 ? 0 : epoch, sequence: base)
-                    try EnginePlace.engineCall { () throws(EngineFailure) in
-                        try shared.apply(steps, at: expected, epoch: epoch, commits: records)
-                    }
-                } else {
-                    try EnginePlace.engineCall { () throws(EngineFailure) in try open.apply(steps, sequence: commits) }
-                }
-            } catch where (error.underlying as? EngineFailure)?.code == .conflict && EnginePlace.isShared(engine) {
-                applied.lost = true
-                return applied
-            } catch {
-                applied.failure = error
-                return applied
-            }
-            if let current = manifest, !current.committed, let updated = place.recordCommitted(current) {
-                applied.manifest = updated
-            }
-            return applied
-        }
-    }
+    func shutdown(_ done: @escaping () -> Void) { writer.shutdown(done) }
 
     /// A shared namespace's catch-up on a thread for blocking work, as a store's (`CatchUpJob`).
-    private struct CatchUpValues: @unchecked Sendable {
+    struct CatchUpValues: @unchecked Sendable {
         // `@unchecked Sendable`: the engine store is the owner's, handed to this job while the writer waits for it.
         let place: EnginePlace
         let engine: (any StorageEngine)?
@@ -613,15 +422,14 @@ final class ValueSpace: @unchecked Sendable {
         let manifest: Manifest?
         let decode: @Sendable (ByteBuffer, String) throws(BrokerError) -> Entry
 
-        enum Effect {
-            case opened(any StorageEngine, any EngineStore)
-            case adopted(Manifest)
+        enum Change {
             case changes([(name: String, entry: Entry, commit: UInt64)], epoch: UInt64)
             case reloaded([String: Entry], Position, Manifest?)
         }
+        typealias Finding = CatchUpFinding<Change>
 
-        func run() -> ([Effect], BrokerError?) {
-            var effects: [Effect] = []
+        func run() -> ([Finding], BrokerError?) {
+            var effects: [Finding] = []
             do throws(BrokerError) {
                 try catchUp(into: &effects)
                 return (effects, nil)
@@ -630,17 +438,19 @@ final class ValueSpace: @unchecked Sendable {
             }
         }
 
-        private func catchUp(into effects: inout [Effect]) throws(BrokerError) {
+        private func catchUp(into effects: inout [Finding]) throws(BrokerError) {
             var store = self.store
             var manifest = self.manifest
             for _ in 0..<2 {
                 let engine: any StorageEngine
                 if let known = self.engine { engine = known } else { engine = try engines.engine(named: defaultEngine) }
                 guard
-                    let shared = try place.sharedStore(engine, current: store, keep: { opened in
-                        store = opened
-                        effects.append(.opened(engine, opened))
-                    })
+                    let shared = try place.sharedStore(
+                        engine, current: store,
+                        keep: { opened in
+                            store = opened
+                            effects.append(.opened(engine, opened))
+                        })
                 else { return }
                 var fetched: [(name: String, entry: Entry, commit: UInt64)] = []
                 var unreadable: BrokerError?
@@ -666,11 +476,13 @@ final class ValueSpace: @unchecked Sendable {
                         if position.sequence < commits {
                             return try reload(shared, engine: engine, manifest: manifest, into: &effects)
                         }
-                        effects.append(.changes(fetched, epoch: epoch))
+                        effects.append(.change(.changes(fetched, epoch: epoch)))
                         return
                     }
                     guard position.epoch != 0 else { return }
-                    guard epoch == 0 else { return try reload(shared, engine: engine, manifest: manifest, into: &effects) }
+                    guard epoch == 0 else {
+                        return try reload(shared, engine: engine, manifest: manifest, into: &effects)
+                    }
                     let adopted = try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
                     effects.append(.adopted(adopted))
                     manifest = adopted
@@ -678,10 +490,10 @@ final class ValueSpace: @unchecked Sendable {
                     position = try read(epoch: position.epoch, after: 0)
                     if let unreadable { throw unreadable }
                     if position.epoch == adopted.epoch {
-                        effects.append(.changes(fetched, epoch: adopted.epoch))
+                        effects.append(.change(.changes(fetched, epoch: adopted.epoch)))
                         return
                     }
-                } catch where (error.underlying as? EngineFailure)?.code == .gone {
+                } catch  where (error.underlying as? EngineFailure)?.code == .gone {
                     return try reload(shared, engine: engine, manifest: manifest, into: &effects)
                 }
             }
@@ -689,7 +501,8 @@ final class ValueSpace: @unchecked Sendable {
 
         /// The namespace as the database holds it now.
         private func reload(
-            _ shared: any SharedEngineStore, engine: any StorageEngine, manifest: Manifest?, into effects: inout [Effect]
+            _ shared: any SharedEngineStore, engine: any StorageEngine, manifest: Manifest?,
+            into effects: inout [Finding]
         ) throws(BrokerError) {
             var records: [EngineRecord] = []
             let position = try EnginePlace.engineCall { () throws(EngineFailure) in
@@ -701,8 +514,9 @@ final class ValueSpace: @unchecked Sendable {
                 values[name] = try decode(record.payload, name)
             }
             let adopted =
-                position.epoch == 0 ? manifest : try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
-            effects.append(.reloaded(values, position, adopted))
+                position.epoch == 0
+                ? manifest : try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
+            effects.append(.change(.reloaded(values, position, adopted)))
         }
     }
 }

@@ -1,11 +1,12 @@
-@testable import BrokerCore
 import Foundation
 import Logging
 import NIOCore
 import Synchronization
-import Testing
-@testable import StoreModel
 import TestSupport
+import Testing
+
+@testable import BrokerCore
+@testable import StoreModel
 
 /// A wall clock that moves only when a test moves it: timestamps differ because the test said so, never because
 /// it slept.
@@ -63,7 +64,10 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
     @Test func insertReplacesInPlaceDeduplicatesBatchesAndReinsertedIdsGoLast() async throws {
         let clock = HandClock()
         try await withBroker(clock: clock) { broker, _ in
-            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a", "1"), item("b", "1"), item("a", "2")])))) == 1)
+            #expect(
+                sequence(
+                    of: await ask(
+                        broker, .write(store: "s", .insert([item("a", "1"), item("b", "1"), item("a", "2")])))) == 1)
             var all = try await records(broker, "s")
             #expect(all.map(\.id) == ["a", "b"])
             #expect(all.map { String(buffer: $0.payload.bytes) } == ["2", "1"])
@@ -136,13 +140,26 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
                 let names = (0..<300).map { "fresh-\($0)" }
                 let inserted = await withTaskGroup(of: (String, UInt64?)?.self) { group in
                     for name in names {
-                        for _ in 0..<3 { group.addTask { _ = await ask(broker, .count(store: name)); return nil } }
-                        group.addTask { _ = await ask(broker, .write(store: name, .remove([ItemID("nothing")]))); return nil }
-                        group.addTask { (name, sequence(of: await ask(broker, .write(store: name, .insert([item("a")]))))) }
-                        group.addTask { _ = await ask(broker, .get(store: name, ids: [ItemID("a")])); return nil }
+                        for _ in 0..<3 {
+                            group.addTask {
+                                _ = await ask(broker, .count(store: name))
+                                return nil
+                            }
+                        }
+                        group.addTask {
+                            _ = await ask(broker, .write(store: name, .remove([ItemID("nothing")])))
+                            return nil
+                        }
+                        group.addTask {
+                            (name, sequence(of: await ask(broker, .write(store: name, .insert([item("a")])))))
+                        }
+                        group.addTask {
+                            _ = await ask(broker, .get(store: name, ids: [ItemID("a")]))
+                            return nil
+                        }
                     }
                     var inserted: [String: UInt64?] = [:]
-                    for await case let (name, sequence)? in group { inserted[name] = sequence }
+                    for await case (let name, let sequence)? in group { inserted[name] = sequence }
                     return inserted
                 }
                 for name in names {
@@ -152,7 +169,9 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
                 }
                 let subscription = Subscription(id: 1, namespace: .store, name: "later", capacity: 100, wake: {})
                 _ = await withCheckedContinuation { c in
-                    broker.handle(.subscribe(namespace: .store, name: "later", start: .snapshot), subscription: subscription) {
+                    broker.handle(
+                        .subscribe(namespace: .store, name: "later", start: .snapshot), subscription: subscription
+                    ) {
                         c.resume(returning: $0)
                     }
                 }
@@ -197,7 +216,8 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
             let written = ManagedStore(name: "written", environment: environment)
             await onOwner { reply in
                 var writes: [PendingWrite?] = [
-                    PendingWrite(kind: .write(.insert([item("a")])), condition: .unconditional, submitter: 1, reply: reply)
+                    PendingWrite(
+                        kind: .write(.insert([item("a")])), condition: .unconditional, submitter: 1, reply: reply)
                 ]
                 written.submit(&writes)
             }
@@ -215,11 +235,18 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
             _ = await ask(broker, .write(store: "s", .insert([item("x"), item("y")])))
             let subscription = Subscription(id: 1, namespace: .store, name: "s", capacity: 100, wake: {})
             _ = await withCheckedContinuation { c in
-                broker.handle(.subscribe(namespace: .store, name: "s", start: .snapshot), subscription: subscription) { c.resume(returning: $0) }
+                broker.handle(.subscribe(namespace: .store, name: "s", start: .snapshot), subscription: subscription) {
+                    c.resume(returning: $0)
+                }
             }
             let result = await ask(
                 broker,
-                .write(store: "s", .chain([.removeAll, .insert(items: [item("a"), item("b")]), .remove(ids: ["a", "q"]), .insert(items: [item("a")])])))
+                .write(
+                    store: "s",
+                    .chain([
+                        .removeAll, .insert(items: [item("a"), item("b")]), .remove(ids: ["a", "q"]),
+                        .insert(items: [item("a")]),
+                    ])))
             #expect(sequence(of: result) == 2)
             let ids = try await records(broker, "s").map(\.id)
             #expect(ids == ["b", "a"])
@@ -286,8 +313,13 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
     /// one-operation chain is just that operation and commits (before: refused too).
     @Test func aNonAtomicEngineRefusesOnlyChainsOfSeveralOperations() async throws {
         try await withBroker(engine: TestEngine(capabilities: [.persistent])) { broker, engine in
-            #expect(sequence(of: await ask(broker, .write(store: "s", .chain([.insert(items: [item("a"), item("b")])])))) == 1)
-            guard case .failure(let error) = await ask(broker, .write(store: "s", .chain([.removeAll, .insert(items: [item("c")])]))) else {
+            #expect(
+                sequence(of: await ask(broker, .write(store: "s", .chain([.insert(items: [item("a"), item("b")])]))))
+                    == 1)
+            guard
+                case .failure(let error) = await ask(
+                    broker, .write(store: "s", .chain([.removeAll, .insert(items: [item("c")])])))
+            else {
                 Issue.record("a two-operation chain committed on a non-atomic engine")
                 return
             }
@@ -300,7 +332,10 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
     @Test func conditionsCompareWithTheSequenceAtTheirTurn() async throws {
         try await withBroker { broker, _ in
             #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a")]), condition: .absent))) == 1)
-            guard case .failure(let conflict) = await ask(broker, .write(store: "s", .insert([item("b")]), condition: .absent)) else {
+            guard
+                case .failure(let conflict) = await ask(
+                    broker, .write(store: "s", .insert([item("b")]), condition: .absent))
+            else {
                 Issue.record("no conflict")
                 return
             }
@@ -357,7 +392,9 @@ extension StoreSemantics {
                 }
             }
             func count(as context: RequestContext) async -> UInt64? {
-                guard case .success(.count(_, let count)) = await ask(.count(store: "s"), as: context) else { return nil }
+                guard case .success(.count(_, let count)) = await ask(.count(store: "s"), as: context) else {
+                    return nil
+                }
                 return count
             }
             let reader = RequestContext(peer: Peer(uid: getuid(), pid: 1), grant: .owner, clientName: "reader")
@@ -476,9 +513,11 @@ private final class Answers: @unchecked Sendable {
                         for round in 0..<rounds {
                             let answer = await withCheckedContinuation { continuation in
                                 broker.handle(
-                                    [BrokerRequest(.write(store: "s", .insert([item("w\(writer)-\(round)")]))) {
-                                        continuation.resume(returning: $0)
-                                    }], context: context)
+                                    [
+                                        BrokerRequest(.write(store: "s", .insert([item("w\(writer)-\(round)")]))) {
+                                            continuation.resume(returning: $0)
+                                        }
+                                    ], context: context)
                             }
                             guard sequence(of: answer) != nil else { throw BrokerError(.internalError, "\(answer)") }
                         }
@@ -495,7 +534,9 @@ private final class Answers: @unchecked Sendable {
     /// What the writer waits for, decided without a clock.
     @Test func gatheringWaitsOnlyForWritersItAnsweredAfterASlowApply() {
         func writes(_ submitters: [UInt64]) -> [PendingWrite] {
-            submitters.map { PendingWrite(kind: .drop, condition: .unconditional, submitter: $0, reply: Reply { _ in }) }
+            submitters.map {
+                PendingWrite(kind: .drop, condition: .unconditional, submitter: $0, reply: Reply { _ in })
+            }
         }
         var gathering = GroupGathering()
         // Slow: the four answered are awaited; the wait is as long as the apply; the last to come back ends it.
@@ -538,9 +579,10 @@ private final class Answers: @unchecked Sendable {
         try await withBroker { broker, engine in
             _ = await ask(broker, .write(store: "s", .insert([item("first")])))
             let answers = Answers()
-            broker.handle((0..<16).map { n in
-                BrokerRequest(.write(store: "s", .insert([item("b\(n)")]))) { answers.add(n, $0) }
-            })
+            broker.handle(
+                (0..<16).map { n in
+                    BrokerRequest(.write(store: "s", .insert([item("b\(n)")]))) { answers.add(n, $0) }
+                })
             try await answers.waitFor(16)
             #expect(answers.sequences == Array(2...17))
             let applies = engine.state.withLock { $0.applies.map(\.steps.count) }
@@ -565,9 +607,10 @@ private final class Answers: @unchecked Sendable {
                 .chain([.insert(items: [item("b", "4")]), .remove(ids: ["z"])]),
                 .insert([item("c", "5")]),
             ]
-            broker.handle(group.enumerated().map { n, operation in
-                BrokerRequest(.write(store: "s", operation)) { answers.add(n, $0) }
-            })
+            broker.handle(
+                group.enumerated().map { n, operation in
+                    BrokerRequest(.write(store: "s", operation)) { answers.add(n, $0) }
+                })
             try await answers.waitFor(group.count)
             #expect(answers.sequences == Array(2...6))
             #expect(engine.state.withLock { $0.applies.count } == 2)
@@ -610,11 +653,14 @@ private final class Answers: @unchecked Sendable {
         try await withBroker(engine: TestEngine(capabilities: [.atomic, .nonblocking])) { broker, engine in
             _ = await ask(broker, .write(store: "s", .insert([item("created")])))
             await broker.waitUntilWriterIdle(store: "s")
-            let peers = (0..<2).map { _ in RequestContext(peer: RequestContext.owner.peer, grant: .owner, clientName: "") }
+            let peers = (0..<2).map { _ in
+                RequestContext(peer: RequestContext.owner.peer, grant: .owner, clientName: "")
+            }
             let answers = Answers()
             // One by one: each peer's write is a group of its own.
             for (index, peer) in peers.enumerated() {
-                broker.handle([BrokerRequest(.write(store: "s", .insert([item("one-\(index)")]))) { answers.add(index, $0) }],
+                broker.handle(
+                    [BrokerRequest(.write(store: "s", .insert([item("one-\(index)")]))) { answers.add(index, $0) }],
                     context: peer)
             }
             try await answers.waitFor(2)
@@ -624,7 +670,9 @@ private final class Answers: @unchecked Sendable {
                 var batch = Broker.WriteBatch()
                 for (index, peer) in peers.enumerated() {
                     var requests = [
-                        BrokerRequest(.write(store: "s", .insert([item("two-\(index)")]))) { answers.add(2 + index, $0) }
+                        BrokerRequest(.write(store: "s", .insert([item("two-\(index)")]))) {
+                            answers.add(2 + index, $0)
+                        }
                     ]
                     broker.handle(&requests, context: peer, into: &batch)
                 }
@@ -669,7 +717,8 @@ private final class Answers: @unchecked Sendable {
             }
             try await answers.waitFor(3)
             #expect(answers.sequences == [2, 3, 4])
-            #expect(seen.withLock { $0 } == UInt64(2 + ManagedStore.inlineItems), "the read waited for every queued write")
+            #expect(
+                seen.withLock { $0 } == UInt64(2 + ManagedStore.inlineItems), "the read waited for every queued write")
         }
     }
 
@@ -722,8 +771,120 @@ private final class Answers: @unchecked Sendable {
             try await Task.sleep(for: .milliseconds(50))  // let shutdown begin while the open is held
             engine.releaseOpens()
             await shutdown.value
-            #expect(engine.state.withLock { $0.closes } == closesBefore + 1, "the late load's engine store was left open")
+            #expect(
+                engine.state.withLock { $0.closes } == closesBefore + 1, "the late load's engine store was left open")
             _ = await answer.value
+        }
+    }
+}
+
+/// The writer's phases (`PlaceWriter`): one load for everyone waiting, one group in flight at a time and one
+/// blocking job per group, the queue finished at shutdown.
+@Suite struct WriterPhases {
+    /// Counts the jobs handed to the threads for blocking work.
+    private final class CountingThreads: BlockingExecutor {
+        let threads: TestThreads
+        let jobs = Mutex(0)
+
+        init(threads: TestThreads) { self.threads = threads }
+
+        func execute(_ job: @escaping @Sendable () -> Void) {
+            jobs.withLock { $0 += 1 }
+            threads.execute(job)
+        }
+    }
+
+    private func withCountedBroker(
+        engine: TestEngine, in directory: String? = nil, _ body: (Broker, CountingThreads) async throws -> Void
+    ) async throws {
+        guard let directory else {
+            return try await withTemporaryDirectory(prefix: "sb-phases") { directory in
+                try await withCountedBroker(engine: engine, in: directory, body)
+            }
+        }
+        do {
+            let threads = CountingThreads(threads: TestThreads(2))
+            let broker = try Broker(
+                configuration: BrokerConfiguration(
+                    dataDirectory: directory, defaultEngine: "test", maxGroupWait: .zero),
+                engines: engine, owner: threads.threads.owner, blocking: threads,
+                logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+            try await body(broker, threads)
+            await broker.shutdown()
+            await threads.threads.stop()
+        }
+    }
+
+    /// Writes queued while a group is in the engine wait, and then go together as the next group, planned on that
+    /// group's result: two applies and two blocking jobs for five writes, with no sequence skipped or repeated.
+    @Test func writesQueuedWhileAGroupIsAppliedAreTheNextGroupAndOneJob() async throws {
+        let engine = TestEngine()
+        try await withCountedBroker(engine: engine) { broker, threads in
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("created")])))) == 1)
+            await broker.waitUntilWriterIdle(store: "s")
+            engine.hold()
+            let answers = Answers()
+            broker.handle(.write(store: "s", .insert([item("a")]))) { answers.add(0, $0) }
+            #expect(await engine.waitForApplies(2))
+            let jobsBefore = threads.jobs.withLock { $0 }
+            for index in 1...4 {
+                broker.handle(.write(store: "s", .insert([item("b\(index)")]))) { answers.add(index, $0) }
+            }
+            try await Task.sleep(for: .milliseconds(20))
+            #expect(engine.state.withLock { $0.applies.count } == 2, "a group was planned while another was applied")
+            engine.release()
+            try await answers.waitFor(5)
+            #expect(answers.sequences == [2, 3, 4, 5, 6])
+            let applies = engine.state.withLock { $0.applies }
+            #expect(applies.count == 3)
+            #expect(applies.last?.steps.count == 4 && applies.last?.sequence == 6)
+            #expect(threads.jobs.withLock { $0 } == jobsBefore + 1, "the queued group was not one job")
+        }
+    }
+
+    /// Every request that arrives while a store loads waits for that one load.
+    @Test func oneLoadForEveryoneWaiting() async throws {
+        let engine = TestEngine()
+        try await withTemporaryDirectory(prefix: "sb-phases") { directory in
+            try await withCountedBroker(engine: engine, in: directory) { broker, _ in
+                #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a")])))) == 1)
+            }
+            try await withCountedBroker(engine: engine, in: directory) { broker, _ in
+                let opensBefore = engine.state.withLock { $0.opensStarted }
+                engine.holdOpens()
+                let answers = Answers()
+                for index in 0..<5 {
+                    broker.handle(.count(store: "s")) { answers.add(index, $0) }
+                }
+                try await Task.sleep(for: .milliseconds(20))
+                engine.releaseOpens()
+                try await answers.waitFor(5)
+                #expect(engine.state.withLock { $0.opensStarted } == opensBefore + 1)
+            }
+        }
+    }
+
+    /// Shutdown finishes the writes queued before it and refuses those after it.
+    @Test func shutdownFinishesTheQueueThenRefuses() async throws {
+        let engine = TestEngine()
+        try await withCountedBroker(engine: engine) { broker, _ in
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("created")])))) == 1)
+            engine.hold()
+            let answers = Answers()
+            broker.handle(.write(store: "s", .insert([item("a")]))) { answers.add(0, $0) }
+            #expect(await engine.waitForApplies(2))
+            broker.handle(.write(store: "s", .insert([item("b")]))) { answers.add(1, $0) }
+            let shutdown = Task { await broker.shutdown() }
+            try await Task.sleep(for: .milliseconds(20))
+            guard case .failure(let refused) = await ask(broker, .write(store: "s", .insert([item("late")]))) else {
+                Issue.record("a write after shutdown began was taken")
+                return
+            }
+            #expect(refused.code == .shuttingDown)
+            engine.release()
+            await shutdown.value
+            try await answers.waitFor(2)
+            #expect(answers.sequences == [2, 3])
         }
     }
 }
