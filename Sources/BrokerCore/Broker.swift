@@ -231,7 +231,7 @@ public final class Broker: @unchecked Sendable {
     private func store(_ name: String) -> ManagedStore {
         if let store = stores[name] { return store }
         let store = ManagedStore(
-            name: name, environment: environment, stopping: stopping, retire: { [unowned self] in self.retire($0) })
+            name: name, environment: environment, stopping: stopping, retire: { [weak self] in self?.retire($0) })
         stores[name] = store
         return store
     }

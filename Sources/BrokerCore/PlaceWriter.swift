@@ -167,6 +167,13 @@ final class PlaceWriter<Model: WriterModel> {
         return try environment.engines.engine(named: environment.configuration.defaultEngine)
     }
 
+    /// `StoreEnvironment.offOwner`, the model kept until `then` has run: the writer holds it unowned (it holds the
+    /// writer), and a job in flight must find it.
+    private func offOwner<Result>(_ work: @escaping @Sendable () -> Result, then: @escaping (Result) -> Void) {
+        let model = model
+        environment.offOwner(work) { result in withExtendedLifetime(model) { then(result) } }
+    }
+
     // MARK: Loading
 
     /// Runs `body` once the place is loaded (at once if it is), with the error if it cannot be.
@@ -183,7 +190,7 @@ final class PlaceWriter<Model: WriterModel> {
     private func load() {
         loading = .loading
         let job = model.loadJob()
-        environment.offOwner({ Result { () throws(BrokerError) in try job() } }) { result in
+        offOwner({ Result { () throws(BrokerError) in try job() } }) { result in
             switch result {
             case .success(let (loaded, contents)):
                 let sequence = loaded?.position?.sequence ?? loaded?.store.openedSequence ?? 0
@@ -222,7 +229,7 @@ final class PlaceWriter<Model: WriterModel> {
         let drop = pending[index]
         pending.removeFirst(index + 1)
         let place = place
-        environment.offOwner({ Result { () throws(BrokerError) in try place.dropBroken() } }) { result in
+        offOwner({ Result { () throws(BrokerError) in try place.dropBroken() } }) { result in
             switch result {
             case .failure(let failure):
                 self.logger.error(
@@ -241,6 +248,11 @@ final class PlaceWriter<Model: WriterModel> {
     /// request tries again.
     private func failLoad(_ error: BrokerError) {
         loading = .unloaded
+        // A catch-up asked for during the load is asked for again by the watcher (`catchUpFailed`).
+        if catchUpWanted {
+            catchUpWanted = false
+            catchUpFailed = true
+        }
         let (waiting, writes) = (waiting, pending)
         self.waiting = []
         pending = []
@@ -253,17 +265,19 @@ final class PlaceWriter<Model: WriterModel> {
     /// back to a plain load.
     func loadByCatchUp(_ job: @escaping @Sendable () -> ([CatchUpFinding<Model.Change>], BrokerError?)) {
         loading = .loading
-        environment.offOwner(job) { findings, failure in
-            if let failure {
-                self.logger.warning("cannot replay the commits, loading instead: \(failure.message)")
-                for case .opened(_, let store) in findings {
-                    let handed = Handover(store)
-                    self.environment.offOwner({ handed.value.close() }) { _ in }
-                }
-                return self.load()
+        offOwner(job) { findings, failure in
+            guard let failure else {
+                self.take(findings)
+                return self.becomeReady()
             }
-            self.take(findings)
-            self.becomeReady()
+            self.logger.warning("cannot replay the commits, loading instead: \(failure.message)")
+            // The store the catch-up opened is closed before the load opens it again.
+            let opened = Handover(
+                findings.compactMap { finding -> (any EngineStore)? in
+                    if case .opened(_, let store) = finding { return store }
+                    return nil
+                })
+            self.offOwner({ for store in opened.value { store.close() } }) { _ in self.load() }
         }
     }
 
@@ -337,21 +351,30 @@ final class PlaceWriter<Model: WriterModel> {
     /// One turn of the writer: takes in other brokers' commits if asked, then commits what is queued, group after
     /// group, on the owner for a nonblocking engine (within `inlineItems`) and otherwise through one blocking job
     /// per group, which comes back here when it is done.
+    ///
+    /// The writer is `working` for the whole turn: a write submitted meanwhile (by a reply the turn gives) joins the
+    /// queue this turn takes from, and never starts a second turn.
     private func turn() {
+        phase = .working
         var items = 0
         while true {
             if catchUpWanted {
                 catchUpWanted = false
-                phase = .working
                 return catchUp { self.goOn() }
             }
             guard let alone = pending.first?.isAlone else { return stopped() }
             if alone {
-                phase = .working
-                return model.performAlone(pending.removeFirst()) { self.goOn() }
+                // Done at once (a drop whose condition fails, of a store that does not exist): the turn goes on.
+                var synchronous = true
+                var doneAtOnce = false
+                model.performAlone(pending.removeFirst()) {
+                    if synchronous { doneAtOnce = true } else { self.goOn() }
+                }
+                synchronous = false
+                if doneAtOnce { continue }
+                return
             }
             guard items < Self.inlineItems else {
-                phase = .working
                 return environment.owner.execute { self.goOn() }
             }
             if let wait = gatheringWait() {
@@ -364,18 +387,23 @@ final class PlaceWriter<Model: WriterModel> {
             }
             let group = takeGroup()
             for write in group { items += max(1, write.weight) }
-            guard commit(group) else {
-                phase = .working
-                return
-            }
+            guard commit(group) else { return }
         }
     }
 
     /// A job came back, or the owner served its other work: the writer goes on with what is queued.
     private func goOn() {
         phase = .idle
-        if loading == .ready, pending.isEmpty, !catchUpWanted { return stopped() }
-        startIfNeeded()
+        switch loading {
+        case .ready:
+            if pending.isEmpty, !catchUpWanted { return stopped() }
+            startIfNeeded()
+        case .unloaded:
+            // A failed drop left the place to be loaded again: by the writes queued behind it, if any.
+            if pending.isEmpty { notifyIdleWaiters() } else { load() }
+        case .loading:
+            break  // the load starts the writer
+        }
     }
 
     /// Nothing is queued: a shutdown waiting for it goes on.
@@ -451,7 +479,7 @@ final class PlaceWriter<Model: WriterModel> {
                 place: place, engine: engine, store: engineStore, manifest: manifest, shared: shared, steps: plan.steps,
                 base: plan.base, epoch: plan.epoch, sequence: plan.sequence,
                 records: shared ? model.sharedRecords(plan) : []))
-        environment.offOwner({ job.value.run() }) { applied in
+        offOwner({ job.value.run() }) { applied in
             self.finish(plan, applied)
             self.goOn()
         }
@@ -496,7 +524,7 @@ final class PlaceWriter<Model: WriterModel> {
 
     /// Brings the model up to the shared database (its `catchUpJob`), then `then`.
     private func catchUp(then: @escaping () -> Void) {
-        environment.offOwner(model.catchUpJob()) { findings, failure in
+        offOwner(model.catchUpJob()) { findings, failure in
             self.take(findings)
             if let failure {
                 self.logger.error(
@@ -516,7 +544,7 @@ final class PlaceWriter<Model: WriterModel> {
             guard let store = self.engineStore else { return done() }
             self.engineStore = nil
             let handed = Handover(store)
-            self.environment.offOwner({ handed.value.close() }) { _ in done() }
+            self.offOwner({ handed.value.close() }) { _ in done() }
         }
     }
 

@@ -21,7 +21,7 @@ struct ApplyJob {
         /// The manifest, now recording the first commit (or adopted as the shared database has it).
         var manifest: Manifest?
         var failure: BrokerError?
-        /// Another broker committed first (a shared store): nothing was applied.
+        /// Another broker committed first (a shared store): nothing was applied (`failure` says so).
         var lost = false
         /// How long the apply alone took, in nanoseconds.
         var applyTook: UInt64 = 0
@@ -57,8 +57,10 @@ struct ApplyJob {
                 try EnginePlace.engineCall { () throws(EngineFailure) in try open.apply(steps, sequence: sequence) }
             }
             applied.applyTook = monotonicNanoseconds() - started
-        } catch  where (error.underlying as? EngineFailure)?.code == .conflict && shared {
+        } catch where (error.underlying as? EngineFailure)?.code == .conflict && shared {
+            // Tried again after a catch-up; the error is the answer once the attempts run out.
             applied.lost = true
+            applied.failure = error
             return applied
         } catch {
             applied.failure = error

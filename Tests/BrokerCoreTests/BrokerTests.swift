@@ -887,4 +887,54 @@ private final class Answers: @unchecked Sendable {
             #expect(answers.sequences == [2, 3])
         }
     }
+
+    /// A drop the engine fails is answered with the error and the store is loaded again for the writes queued
+    /// behind it, which are committed. Before: they waited for another request to come along, and a shutdown
+    /// waiting for the store to be idle waited forever.
+    @Test func writesQueuedBehindAFailedDropAreCarriedOut() async throws {
+        let engine = TestEngine()
+        try await withCountedBroker(engine: engine) { broker, _ in
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("a")])))) == 1)
+            engine.state.withLock { $0.failNextDrop = true }
+            let answers = Answers()
+            broker.handle([
+                BrokerRequest(.drop(store: "s")) { answers.add(0, $0) },
+                BrokerRequest(.write(store: "s", .insert([item("b")]))) { answers.add(1, $0) },
+            ])
+            try await answers.waitFor(2)
+            #expect(answers.sequences == [nil, 2], "the failed drop, then the write on the store it left")
+        }
+    }
+
+    /// A reply that hands in another write while the writer is in its turn (an embedder's callback, on the owner)
+    /// queues it for that turn: it never starts a second turn, and so never a second group beside the one in the
+    /// engine. Before: the nested turn took the queue and left a group in the engine, the outer turn then found the
+    /// queue empty and marked the writer idle, and the next write started a second group at once.
+    @Test func aWriteHandedInByAReplyJoinsTheTurn() async throws {
+        let engine = TestEngine()
+        try await withCountedBroker(engine: engine) { broker, _ in
+            #expect(sequence(of: await ask(broker, .write(store: "s", .insert([item("created")])))) == 1)
+            await broker.waitUntilWriterIdle(store: "s")
+            engine.hold()
+            let answers = Answers()
+            broker.owner.execute {
+                broker.handle([
+                    // Changes nothing: answered by the turn itself, whose reply hands in another write.
+                    BrokerRequest(.write(store: "s", .remove([ItemID("absent")]))) { result in
+                        answers.add(0, result)
+                        broker.handle([BrokerRequest(.write(store: "s", .insert([item("b")]))) { answers.add(3, $0) }])
+                    },
+                    BrokerRequest(.drop(store: "s", condition: .sequence(999))) { answers.add(1, $0) },
+                    BrokerRequest(.write(store: "s", .insert([item("a")]))) { answers.add(2, $0) },
+                ])
+            }
+            #expect(await engine.waitForApplies(2))
+            broker.handle(.write(store: "s", .insert([item("c")]))) { answers.add(4, $0) }
+            try await Task.sleep(for: .milliseconds(20))
+            #expect(engine.state.withLock { $0.applies.count } == 2, "a second group went to the engine")
+            engine.release()
+            try await answers.waitFor(5)
+            #expect(answers.sequences == [nil, nil, 2, 3, 4])
+        }
+    }
 }

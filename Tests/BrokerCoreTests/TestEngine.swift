@@ -27,6 +27,8 @@ final class TestEngine: StorageEngine, EngineProvider {
         var applyThreads: [UInt] = []
         var stores: [String: TestEngineStore] = [:]
         var failNext = false
+        /// The next drop fails (nothing is dropped).
+        var failNextDrop = false
         /// Each apply sleeps this long, as a disk's fsync would.
         var applyDelay: Duration = .zero
         var opensStarted = 0
@@ -52,6 +54,11 @@ final class TestEngine: StorageEngine, EngineProvider {
     }
 
     func drop(directory: String, store: String, options: [String: String]) throws(EngineFailure) {
+        let fail = state.withLock { state in
+            defer { state.failNextDrop = false }
+            return state.failNextDrop
+        }
+        if fail { throw EngineFailure(.io, "the disk refused the drop") }
         _ = state.withLock { $0.stores.removeValue(forKey: directory) }
     }
 
