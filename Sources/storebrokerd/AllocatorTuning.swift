@@ -4,12 +4,12 @@ import Glibc
 
 /// glibc's per-thread cache of freed small blocks (`tcache`), enlarged before the daemon does anything else.
 ///
-/// The daemon frees on one thread much of what it allocated on another (an item kept on the event loop that read
-/// it, freed by the commit that replaces it), and many blocks of one size at once (a commit's items, its events'
-/// arrays). glibc's thread cache keeps 7 blocks per size; the rest go to the arena's fast bins, which the next
-/// allocation of a kilobyte or more must first consolidate (`malloc_consolidate`). With 1,024 per size, 50
-/// clients `-P 16` inserting (memory engine) cost the daemon 3.4 µs per insert instead of 3.9 µs, 436k instead of
-/// 373k inserts/s (docs/BENCHMARKS.md, "Figures behind choices in the code"); resident memory after the benchmark rows is unchanged.
+/// The daemon frees many blocks of one size at once (a commit's replaced items, its events' arrays, a read cycle's
+/// decoded requests). glibc's thread cache keeps 7 blocks per size; the rest go to the arena's fast bins, which the
+/// next allocation of a kilobyte or more must first consolidate (`malloc_consolidate`). With 1,024 per size, 50
+/// clients `-P 16` inserting (memory engine) cost the owner loop 2.33 µs per insert instead of 2.68 µs
+/// (docs/BENCHMARKS.md, "Figures behind choices in the code"); resident memory after the benchmark rows is
+/// unchanged.
 ///
 /// The cache's size is a glibc tunable, read only when a process starts, so the daemon executes itself again,
 /// once, with `glibc.malloc.tcache_count` added to `GLIBC_TUNABLES`. A `GLIBC_TUNABLES` that already names
