@@ -169,6 +169,32 @@ def cpu_seconds(process):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# A Redis client that sends MSETs of COUNT random keys below KEYS, VALUE each, one at a time, until it is killed.
+MSET_LOOP = """
+import random, socket, sys
+path, count, keys, value = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].encode()
+def command(arguments):
+    out = [b"*%d\\r\\n" % len(arguments)]
+    for argument in arguments:
+        out.append(b"$%d\\r\\n%s\\r\\n" % (len(argument), argument))
+    return b"".join(out)
+commands = []
+for _ in range(8):
+    arguments = [b"MSET"]
+    for _ in range(count):
+        arguments += [b"big:%d" % random.randrange(keys), value]
+    commands.append(command(arguments))
+connection = socket.socket(socket.AF_UNIX)
+connection.connect(path)
+while True:
+    for message in commands:
+        connection.sendall(message)
+        reply = b""
+        while not reply.endswith(b"\\r\\n"):
+            reply += connection.recv(64)
+"""
+
+
 def csv_rows(text):
     """redis-benchmark's (and storebroker-benchmark's) CSV: test -> {rps, p50, p99, max} (latencies in µs)."""
     rows = {}
@@ -765,9 +791,58 @@ class Bench:
             self.add(name, [r[metric] for r in results["ours"]], [r[metric] for r in results["theirs"]], unit, better,
                      "Redis, same clients")
 
+    def isolation(self):
+        """One client's gets on a store of 1,000 items while another client commits batches of 10,000 × 200 B into
+        another store (ids below 200,000), against the same gets on Redis while another client's MSETs of 10,000
+        run: how long a large commit keeps a read of another store waiting."""
+        gets = self.n(20_000, 5_000)
+        value = "x" * 200
+
+        def measured(socket, loader, get):
+            loader_process = subprocess.Popen(loader, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                time.sleep(0.3)  # the batches under way
+                return get()
+            finally:
+                loader_process.kill()
+                loader_process.wait()
+
+        def ours():
+            broker = Broker(self.work, self.bin, engine="memory")
+            try:
+                self.ours(broker.socket, "-t", "insert", "--store", "small", "-c", "1", "-P", "16", "-n", "1000",
+                          "-d", "200", "-r", "1000", "--sequential-ids")
+                loader = [os.path.join(self.bin, "storebroker-benchmark"), "-s", broker.socket, "-t", "batch",
+                          "-b", "10000", "-c", "1", "-n", "1000000", "--store", "big", "-d", "200", "-r", "200000"]
+                row = measured(broker.socket, loader, lambda: self.ours(
+                    broker.socket, "-t", "get", "--store", "small", "-c", "1", "-n", str(gets), "-d", "200",
+                    "-r", "1000")["get"])
+                return {"p99": row["p99"], "max": row["max"]}
+            finally:
+                broker.stop()
+
+        def theirs():
+            redis = Redis(self.work, "--appendonly", "no")
+            try:
+                self.redis(redis.socket, "-t", "set", "-c", "1", "-P", "16", "-n", "1000", "-d", "200", "-r", "1000")
+                # MSETs of 10,000 keys below 200,000 (redis-benchmark cannot: its command line would be 2 MB long).
+                loader = [sys.executable, "-c", MSET_LOOP, redis.socket, "10000", "200000", value]
+                row = measured(redis.socket, loader, lambda: list(self.redis(
+                    redis.socket, "-t", "get", "-c", "1", "-n", str(gets), "-d", "200", "-r", "1000").values())[0])
+                return {"p99": row["p99"], "max": row["max"]}
+            finally:
+                redis.stop()
+
+        self.pair("isolation", ours, theirs, [
+            ("1 client's get p99 on one store while another commits batches of 10,000 × 200 B into another",
+             "p99", "µs", "lower", "Redis GET beside MSETs of 10,000"),
+            ("the same gets: the slowest", "max", "µs", "lower", "Redis GET beside MSETs of 10,000"),
+        ])
+
     def all(self):
         steps = [self.floor_and_shapes, self.ping_floor, self.batch, self.large_store, self.durable, self.library,
-                 self.four_writers, self.batch_and_read, self.fanout, self.flood, self.cold_start, self.distributed]
+                 self.four_writers, self.batch_and_read, self.fanout, self.flood, self.isolation, self.cold_start,
+                 self.distributed]
         if self.args.only:
             wanted = self.args.only.split(",")
             unknown = [name for name in wanted if name not in [step.__name__ for step in steps]]

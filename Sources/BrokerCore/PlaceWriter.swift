@@ -49,8 +49,13 @@ protocol WriterModel: AnyObject {
     func loadJob() -> @Sendable () throws(BrokerError) -> (EnginePlace.Loaded?, Contents)
     /// The loaded contents, on the owner (the writer has taken the position, manifest and engine store).
     func install(_ contents: Contents)
-    /// Plans `writes` against the committed state; answers and returns nil when the group cannot be planned.
+    /// Plans `writes` against the committed state; answers and returns nil when the group changes nothing.
     func plan(_ writes: [Write], engine: any StorageEngine) -> Plan?
+    /// A job that plans `writes` on a thread for blocking work, for a group too large to plan on the owner without
+    /// keeping its other work waiting (nil: plan on the owner). It must only read the committed state.
+    func planningJob(_ writes: [Write], engine: any StorageEngine) -> (@Sendable () -> Plan)?
+    /// A plan made by a planning job, back on the owner: answered here, and nil, when it changes nothing.
+    func planned(_ plan: Plan) -> Plan?
     /// A shared store's commit records for `plan` (each commit as the log keeps it).
     func sharedRecords(_ plan: Plan) -> [(sequence: UInt64, record: [UInt8])]
     /// The group committed (the writer has moved the position): memory, history, broadcast, answers.
@@ -65,6 +70,12 @@ protocol WriterModel: AnyObject {
     func take(_ change: Change)
     /// The writer has nothing to do.
     func writerStopped()
+}
+
+extension WriterModel {
+    /// A model whose groups stay small (a namespace's values) plans them on the owner.
+    func planningJob(_ writes: [Write], engine: any StorageEngine) -> (@Sendable () -> Plan)? { nil }
+    func planned(_ plan: Plan) -> Plan? { plan }
 }
 
 /// The writer of one place, owned by the broker's owner loop: loading, the queue of writes and its groups, the
@@ -447,8 +458,8 @@ final class PlaceWriter<Model: WriterModel> {
         return group
     }
 
-    /// Plans `writes` and has them applied: here, when the engine applies on the owner (true: the turn goes on),
-    /// else by a blocking job that finishes the group when it comes back (false).
+    /// Plans `writes` and has them applied: here, when the group is planned on the owner and the engine applies
+    /// there too (true: the turn goes on), else through blocking jobs, the last of which goes on (false).
     private func commit(_ writes: [Model.Write]) -> Bool {
         let engine: any StorageEngine
         do throws(BrokerError) {
@@ -457,7 +468,19 @@ final class PlaceWriter<Model: WriterModel> {
             for write in writes { write.reply(.failure(error)) }
             return true
         }
+        if let planning = model.planningJob(writes, engine: engine) {
+            offOwner(planning) { plan in
+                guard let plan = self.model.planned(plan), !self.apply(plan, engine: engine) else { return self.goOn() }
+            }
+            return false
+        }
         guard let plan = model.plan(writes, engine: engine) else { return true }
+        return apply(plan, engine: engine)
+    }
+
+    /// Has the engine apply `plan`: here for an engine that never blocks (true: done), else by a blocking job that
+    /// finishes the group and goes on when it comes back (false).
+    private func apply(_ plan: Model.Plan, engine: any StorageEngine) -> Bool {
         let shared = EnginePlace.isShared(engine)
         if let store = engineStore, capabilities?.contains(.nonblocking) == true, !shared, manifest?.committed == true {
             // On the owner: an apply that never blocks costs less than the hand-off to a thread and back.

@@ -692,9 +692,9 @@ private final class Answers: @unchecked Sendable {
     }
 
     /// For a nonblocking engine the owner commits queued groups one after another until they reach
-    /// `ManagedStore.inlineItems` items, then serves its other work before it goes on: a read handed in behind a
-    /// large batch is answered before the writes queued after that batch are committed. One write per group here,
-    /// so the groups are known.
+    /// `ManagedStore.inlineItems` items, then serves its other work before it goes on: a read handed in behind them
+    /// is answered before the writes queued after them are committed. One write per group here, so the groups are
+    /// known; each is small enough to be planned on the owner.
     @Test func theOwnerCommitsWithinABudgetBeforeServingOtherWork() async throws {
         let engine = TestEngine(capabilities: [.atomic, .nonblocking])
         try await withBroker(maxGroupCommit: 1, engine: engine) { broker, engine in
@@ -702,23 +702,53 @@ private final class Answers: @unchecked Sendable {
             await broker.waitUntilWriterIdle(store: "s")
             let answers = Answers()
             let seen = Mutex<UInt64?>(nil)
-            let large = (0..<ManagedStore.inlineItems).map { item("large-\($0)") }
+            let size = ManagedStore.offOwnerItems - 1
+            let batches = (ManagedStore.inlineItems + size - 1) / size  // reach the budget
             broker.owner.execute {
-                broker.handle([
-                    BrokerRequest(.write(store: "s", .insert([item("b")]))) { answers.add(0, $0) },
-                    BrokerRequest(.write(store: "s", .insert(large))) { answers.add(1, $0) },
-                    BrokerRequest(.write(store: "s", .insert([item("c")]))) { answers.add(2, $0) },
-                ])
+                var requests = [BrokerRequest(.write(store: "s", .insert([item("b")]))) { answers.add(0, $0) }]
+                for batch in 0..<batches {
+                    let items = (0..<size).map { item("m\(batch)-\($0)") }
+                    requests.append(BrokerRequest(.write(store: "s", .insert(items))) { answers.add(1 + batch, $0) })
+                }
+                requests.append(
+                    BrokerRequest(.write(store: "s", .insert([item("c")]))) { answers.add(1 + batches, $0) })
+                broker.handle(requests)
             }
             broker.owner.execute {
                 broker.handle(.count(store: "s")) { result in
                     if case .success(.count(_, let count)) = result { seen.withLock { $0 = count } }
                 }
             }
-            try await answers.waitFor(3)
-            #expect(answers.sequences == [2, 3, 4])
-            #expect(
-                seen.withLock { $0 } == UInt64(2 + ManagedStore.inlineItems), "the read waited for every queued write")
+            try await answers.waitFor(2 + batches)
+            #expect(answers.sequences == (0..<(2 + batches)).map { UInt64(2 + $0) })
+            #expect(seen.withLock { $0 } == UInt64(2 + batches * size), "the read waited for every queued write")
+        }
+    }
+
+    /// A group of `ManagedStore.offOwnerItems` items or more is planned on a thread for blocking work: reads handed in
+    /// meanwhile are answered from the items before it, and the writes behind it wait for it.
+    @Test func aLargeGroupIsPlannedOffTheOwnerWhileReadsGoOn() async throws {
+        let engine = TestEngine(capabilities: [.atomic, .nonblocking])
+        try await withBroker(maxGroupCommit: 1, engine: engine) { broker, engine in
+            _ = await ask(broker, .write(store: "s", .insert([item("created")])))
+            await broker.waitUntilWriterIdle(store: "s")
+            let answers = Answers()
+            let seen = Mutex<UInt64?>(nil)
+            let large = (0..<ManagedStore.offOwnerItems).map { item("large-\($0)") }
+            let ownerThread = try await broker.owner.submit { Writers.thisThread }.get()
+            broker.owner.execute {
+                broker.handle([
+                    BrokerRequest(.write(store: "s", .insert(large))) { answers.add(0, $0) },
+                    BrokerRequest(.write(store: "s", .insert([item("c")]))) { answers.add(1, $0) },
+                ])
+                broker.handle(.count(store: "s")) { result in
+                    if case .success(.count(_, let count)) = result { seen.withLock { $0 = count } }
+                }
+            }
+            try await answers.waitFor(2)
+            #expect(answers.sequences == [2, 3])
+            #expect(seen.withLock { $0 } == 1, "the read waited for the large group")
+            #expect(engine.state.withLock { $0.applyThreads.last } == ownerThread, "the memory engine's apply left the owner")
         }
     }
 
