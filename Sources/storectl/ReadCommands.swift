@@ -85,10 +85,13 @@ struct Query: AsyncParsableCommand {
             let connection = try await global.connect()
             var records: [ItemRecord] = []
             var missing: [ItemID] = []
+            var position = Position(epoch: 0, sequence: 0)
             if ids.isEmpty {
                 records = try await connection.records(store, after: after.map { ItemID($0) }, limit: UInt32(limit)).value
             } else {
-                for slot in try await connection.items(store, ids: ids.map { ItemID($0) }).value {
+                let answer = try await connection.items(store, ids: ids.map { ItemID($0) })
+                position = answer.position
+                for slot in answer.value {
                     switch slot {
                     case .present(let record): records.append(record)
                     case .missing(let id): missing.append(id)
@@ -97,11 +100,15 @@ struct Query: AsyncParsableCommand {
             }
             await connection.close()
             print(records)
-            if !missing.isEmpty {
-                throw Failure(
-                    Failure.notFound, "not in store \(store): " + missing.map { JSON.string($0.string) }.joined(separator: ", "))
-            }
+            if !missing.isEmpty { throw Self.absent(missing, of: store, at: position) }
         }
+    }
+
+    /// Items asked for that the store does not hold (exit 66): the store itself, when it does not exist (a store
+    /// that never committed is at sequence 0), or the ids.
+    static func absent(_ ids: [ItemID], of store: String, at position: Position) -> Failure {
+        guard position.sequence > 0 else { return Failure(Failure.notFound, "store \(store) does not exist") }
+        return Failure(Failure.notFound, "not in store \(store): " + ids.map { JSON.string($0.string) }.joined(separator: ", "))
     }
 
     /// `{"id","createdAt","updatedAt","item"}` for one record.
@@ -346,10 +353,10 @@ struct Get: AsyncParsableCommand {
     func run() async throws {
         try await reporting {
             let connection = try await global.connect()
-            let slots = try await connection.items(store, ids: [ItemID(id)]).value
+            let answer = try await connection.items(store, ids: [ItemID(id)])
             await connection.close()
-            guard case .present(let record) = slots.first else {
-                throw Failure(Failure.notFound, "not in store \(store): \(JSON.string(id))")
+            guard case .present(let record) = answer.value.first else {
+                throw Query.absent([ItemID(id)], of: store, at: answer.position)
             }
             if meta {
                 Output.line(Query.metaLine(record))

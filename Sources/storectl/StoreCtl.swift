@@ -66,7 +66,50 @@ struct StoreCtl: AsyncParsableCommand {
                 Data("Error: '\(arguments[dashed])' is not an option: a store, id or value that begins with '-' goes after '--' (\(example))\n".utf8))
             Foundation.exit(Failure.usage)
         }
+        // A mistyped command: named, with the closest there is. Left to the parser, its words are "unexpected
+        // arguments" of the root command, or the first option after them is blamed.
+        if let (typed, closest) = Self.unknownCommand(in: arguments) {
+            let hint = closest.map { "; did you mean '\($0)'?" } ?? ""
+            FileHandle.standardError.write(
+                Data("Error: unknown command '\(typed)'\(hint) (storectl --help lists the commands)\n".utf8))
+            Foundation.exit(Failure.usage)
+        }
         await Self.main(arguments)
+    }
+
+    /// The command or subcommand `arguments` start with when no command has that name, and the closest name there
+    /// is, if one is close.
+    private static func unknownCommand(in arguments: [String]) -> (typed: String, closest: String?)? {
+        guard let first = arguments.first, !first.hasPrefix("-"), first != "help" else { return nil }
+        guard let command = configuration.subcommands.first(where: { $0._commandName == first }) else {
+            return (first, closest(to: first, among: configuration.subcommands.map { $0._commandName }))
+        }
+        let subcommands = command.configuration.subcommands.map { $0._commandName }
+        guard !subcommands.isEmpty, arguments.count > 1, !arguments[1].hasPrefix("-"), arguments[1] != "help",
+            !subcommands.contains(arguments[1])
+        else { return nil }
+        return ("\(first) \(arguments[1])", closest(to: arguments[1], among: subcommands).map { "\(first) \($0)" })
+    }
+
+    /// The name within a third of `word`'s length of edits (at least one, at most two), the nearest first.
+    private static func closest(to word: String, among names: [String]) -> String? {
+        let allowed = min(2, max(1, word.count / 3))
+        return names.map { ($0, editDistance(word, $0)) }.filter { $0.1 <= allowed }.min { $0.1 < $1.1 }?.0
+    }
+
+    /// Levenshtein's distance: insertions, deletions and substitutions of characters.
+    private static func editDistance(_ a: String, _ b: String) -> Int {
+        let a = Array(a)
+        let b = Array(b)
+        var previous = Array(0...b.count)
+        for i in 1...max(1, a.count) where !a.isEmpty {
+            var current = [i] + Array(repeating: 0, count: b.count)
+            for j in 1...max(1, b.count) where !b.isEmpty {
+                current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1))
+            }
+            previous = current
+        }
+        return a.isEmpty ? b.count : previous[b.count]
     }
 
     /// The words that name a command or a subcommand (`value set`).

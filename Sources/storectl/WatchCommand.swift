@@ -166,6 +166,11 @@ struct Watch: AsyncParsableCommand {
                     Output.line(
                         "{\"op\":\"loaded\",\"store\":\(name),\"epoch\":\(at.epoch),"
                             + "\"sequence\":\(at.sequence),\"count\":\(records.count)}")
+                    if at.sequence == 0 {
+                        // Nothing to see yet: a typo, or a store not made yet (its first commit will show).
+                        FileHandle.standardError.write(
+                            Data("storectl: store \(store) does not exist yet; waiting for its first commit\n".utf8))
+                    }
                     printed((at.epoch, at.sequence))
                 case .storeEvent(let event):
                     // Each line says which step of how many it is: a consumer that stopped inside a commit

@@ -140,7 +140,7 @@ final class TestEngineStore: EngineStore {
     func close() { engine.state.withLock { $0.closes += 1 } }
 }
 
-/// Callers of `pass()` (engine calls, on a writer thread) block while the gate is closed, and all go on when
+/// Callers of `pass()` (engine calls, on a thread for blocking work) block while the gate is closed, and all go on when
 /// it opens.
 final class Gate: Sendable {
     private let closed = Mutex(false)

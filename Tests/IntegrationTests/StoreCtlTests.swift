@@ -72,6 +72,43 @@ extension Integration {
             }
         }
 
+        /// A mistyped command or subcommand is named, with the closest there is (exit 64), where the parser said "3
+        /// unexpected arguments" or blamed `--socket`; an absent store is told apart from an absent item (both exit
+        /// 66), where both read "not in store" (issue 52, point 4).
+        @Test func aMistypedCommandGetsDidYouMeanAndAnAbsentStoreIsNotAnAbsentItem() async throws {
+            try await Daemon.with { daemon in
+                var result = try await daemon.storectl(["inser", "todo", #"{"id":"a"}"#])
+                #expect(result.status == 64)
+                #expect(result.stderr.contains("unknown command 'inser'; did you mean 'insert'?"), "\(result.stderr)")
+                result = try await daemon.storectl(["value", "gett", "theme"])
+                #expect(result.status == 64)
+                #expect(result.stderr.contains("unknown command 'value gett'; did you mean 'value get'?"), "\(result.stderr)")
+                result = try await daemon.storectl(["frobnicate"])
+                #expect(result.status == 64)
+                #expect(result.stderr.contains("unknown command 'frobnicate'"), "\(result.stderr)")
+                #expect(!result.stderr.contains("did you mean"))
+                _ = try await daemon.storectl(["insert", "todo", #"{"id":"a"}"#])
+                result = try await daemon.storectl(["get", "todo", "b"])
+                #expect(result.status == 66)
+                #expect(result.stderr.contains(#"not in store todo: "b""#), "\(result.stderr)")
+                result = try await daemon.storectl(["get", "nosuchstore", "a"])
+                #expect(result.status == 66)
+                #expect(result.stderr.contains("store nosuchstore does not exist"), "\(result.stderr)")
+                result = try await daemon.storectl(["query", "nosuchstore", "--id", "a"])
+                #expect(result.status == 66)
+                #expect(result.stderr.contains("store nosuchstore does not exist"), "\(result.stderr)")
+                // A watch of a store that does not exist (a typo, or one not made yet) says so while it waits.
+                let watcher = try await daemon.watch("tod")
+                defer { watcher.process.signal(SIGTERM) }
+                #expect(
+                    await eventually { watcher.process.stderr.contains("store tod does not exist yet") },
+                    "\(watcher.process.stderr)")
+                let existing = try await daemon.watch("todo")
+                defer { existing.process.signal(SIGTERM) }
+                #expect(!existing.process.stderr.contains("does not exist"))
+            }
+        }
+
         /// A store, id or value that begins with `-` before `--` is refused with a pointer to `--` (exit 64), never
         /// taken for a cluster of short options that holds `-h` (which printed the help, exited 0 and did
         /// nothing: issue 52, point 4); after `--` it is what it says.

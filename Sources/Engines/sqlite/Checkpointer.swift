@@ -71,7 +71,7 @@ final class Checkpointer: @unchecked Sendable {  // all state under `mutex`
         if !started {
             var thread = pthread_t()
             guard pthread_create(&thread, nil, { _ in
-                // Its own name in a profile (it would carry the name of the writer thread that started it).
+                // Its own name in a profile (it would carry the name of the thread that started it).
                 let comm = open("/proc/thread-self/comm", O_WRONLY)
                 if comm >= 0 {
                     _ = write(comm, "sb-checkpoint", 13)
