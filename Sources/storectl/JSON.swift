@@ -41,11 +41,44 @@ enum JSON {
         try? JSONSerialization.jsonObject(with: Data(text.utf8), options: [.fragmentsAllowed])
     }
 
+    /// Parses one JSON text, or says where and why it is not JSON, in Foundation's words with the place as a line
+    /// and column ("invalid value at line 3, column 6"; "unexpected end of the text at line 1, column 11").
+    static func parsed(_ text: Substring) -> Result<Any, Failure> {
+        do {
+            return .success(try JSONSerialization.jsonObject(with: Data(text.utf8), options: [.fragmentsAllowed]))
+        } catch {
+            var why = ((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String) ?? "not JSON"
+            var offset: Int?
+            if let range = why.range(of: #" around character \d+"#, options: .regularExpression) {
+                offset = Int(why[range].split(separator: " ").last ?? "")
+                why.removeSubrange(range)
+            } else if why.hasPrefix("Unexpected end of file") {
+                offset = text.utf8.count
+                why = "unexpected end of the text" + why.dropFirst("Unexpected end of file".count)
+            }
+            if why.hasSuffix(".") { why.removeLast() }
+            why = why.prefix(1).lowercased() + why.dropFirst()
+            if let offset { why += " at " + place(ofByte: offset, in: text) }
+            return .failure(Failure(Failure.badInput, why))
+        }
+    }
+
+    /// "line L, column C" of the UTF-8 byte `offset` of `text` (columns count characters, from 1).
+    private static func place(ofByte offset: Int, in text: Substring) -> String {
+        let before = String(decoding: text.utf8.prefix(offset), as: UTF8.self)
+        let lines = before.split(separator: "\n", omittingEmptySubsequences: false)
+        return "line \(lines.count), column \((lines.last?.count ?? 0) + 1)"
+    }
+
     /// An item from one JSON object: its id from `idField` (a string, or a number as its decimal text) and its
     /// payload, the text exactly as given (surrounding white space trimmed).
     static func item(_ text: Substring, idField: String, where place: String) throws -> Item {
         let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
-        guard let object = parse(Substring(trimmed)) as? [String: Any] else {
+        let parsed = parsed(Substring(trimmed))
+        if case .failure(let failure) = parsed {
+            throw Failure(Failure.badInput, "\(place): not JSON: \(failure.message)")
+        }
+        guard case .success(let value) = parsed, let object = value as? [String: Any] else {
             throw Failure(Failure.badInput, "\(place): not a JSON object: \(String(trimmed.prefix(80)))")
         }
         return Item(id: try id(object[idField], field: idField, where: place), payload: Payload(trimmed))

@@ -21,8 +21,11 @@ enum PlainValue: ValueKind {
 
     static func encode(_ argument: String) throws -> ByteBuffer {
         let trimmed = argument.trimmingCharacters(in: .whitespacesAndNewlines)
-        guard JSON.parse(Substring(trimmed)) != nil else {
-            throw Failure(Failure.badInput, "the value is not JSON: \(String(trimmed.prefix(80)))")
+        if case .failure(let failure) = JSON.parsed(Substring(trimmed)) {
+            // A bare word is the usual slip: the shell took the quotes a JSON string needs.
+            let bare = !trimmed.isEmpty && !"\"{[".contains(trimmed.first!)
+            let hint = bare ? "; a string is written in quotes: '\(JSON.string(trimmed))'" : ""
+            throw Failure(Failure.badInput, "the value is not JSON: \(failure.message)\(hint)")
         }
         return ByteBuffer(string: trimmed)
     }
@@ -35,7 +38,16 @@ enum SecretValue: ValueKind {
     static let namespace = Namespace.secureValue
     static let command = "secret"
 
-    static func encode(_ argument: String) throws -> ByteBuffer { ByteBuffer(string: JSON.string(argument)) }
+    static func encode(_ argument: String) throws -> ByteBuffer {
+        // A secret is the plain string: quotes given with it are kept, and a Swift app reads them back too.
+        if argument.count >= 2, argument.hasPrefix("\""), argument.hasSuffix("\""), JSON.parse(Substring(argument)) is String {
+            FileHandle.standardError.write(
+                Data(
+                    "storectl: warning: the secret keeps its quotes (a secret is the plain string: secret set NAME \(argument.dropFirst().dropLast()))\n"
+                        .utf8))
+        }
+        return ByteBuffer(string: JSON.string(argument))
+    }
 
     static func render(_ bytes: ByteBuffer) -> String {
         (JSON.parse(Substring(String(buffer: bytes))) as? String) ?? String(buffer: bytes)

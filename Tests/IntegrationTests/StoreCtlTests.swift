@@ -109,6 +109,33 @@ extension Integration {
             }
         }
 
+        /// Bad JSON is told with its line and column, a value written as a bare word is told how to quote it, and a
+        /// secret given in quotes is kept as given with a warning (issue 52, point 4: "not a JSON object" with no
+        /// position for the first, "the value is not JSON: dark" for the second, and the quotes kept silently).
+        @Test func badJSONSaysWhereAndValuesAndSecretsSayHowToQuote() async throws {
+            try await Daemon.with { daemon in
+                var result = try await daemon.storectl(["insert", "todo", #"{"id":"c","#])
+                #expect(result.status == 65)
+                #expect(result.stderr.contains("line 1, column 11"), "\(result.stderr)")
+                result = try await daemon.storectl(["insert", "todo", "{\n\"id\":\"c\",\n\"x\": }"])
+                #expect(result.status == 65)
+                #expect(result.stderr.contains("line 3, column 6"), "\(result.stderr)")
+                result = try await daemon.storectl(["insert", "todo", #"["c"]"#])
+                #expect(result.status == 65)
+                #expect(result.stderr.contains("not a JSON object"), "\(result.stderr)")
+                result = try await daemon.storectl(["value", "set", "theme", "dark"])
+                #expect(result.status == 65)
+                #expect(result.stderr.contains(#"'"dark"'"#), "\(result.stderr)")
+                #expect(try await daemon.storectl(["value", "get", "theme"]).status == 66)
+                result = try await daemon.storectl(["secret", "set", "token", #""hunter2""#])
+                #expect(result.status == 0)
+                #expect(result.stderr.contains("quotes"), "\(result.stderr)")
+                result = try await daemon.storectl(["secret", "set", "plain", "hunter2"])
+                #expect(result.status == 0 && result.stderr.isEmpty, "\(result.stderr)")
+                #expect(try await daemon.storectl(["secret", "get", "plain"]).stdout == "hunter2\n")
+            }
+        }
+
         /// A store, id or value that begins with `-` before `--` is refused with a pointer to `--` (exit 64), never
         /// taken for a cluster of short options that holds `-h` (which printed the help, exited 0 and did
         /// nothing: issue 52, point 4); after `--` it is what it says.
