@@ -125,7 +125,8 @@ extension SplittableMessage {
                     out.moveWriterIndex(to: mark)
                     guard written > 0 else {
                         throw WireError(
-                            .frameTooLarge, "one element of a \(Self.type.name) message does not fit in a frame")
+                            .frameTooLarge,
+                            "one item, id or step is too large for a frame of \(maxFrameLength) bytes (--max-frame)")
                     }
                     break
                 }

@@ -202,6 +202,8 @@ import Wire
             try message.encode(id: 1, maxFrameLength: 4096, into: &out)
         } catch {
             #expect(error.code == .frameTooLarge)
+            // Said in the user's words: the limit and its flag, never the wire message's name ("rangeResult").
+            #expect(error.message == "one item, id or step is too large for a frame of 4096 bytes (--max-frame)")
         }
     }
 
