@@ -157,6 +157,9 @@ struct MirrorWaiters {
     private var seen: Set<UInt64> = []
     /// The epoch `advance` put in `seen` last.
     private var lastSeen: UInt64?
+    /// The broker is out of reach, and the waiters were told so: one that comes meanwhile is told at once. Cleared
+    /// when the follower has subscribed again.
+    var outage: StoreBrokerError?
 
     mutating func makeKey() -> UInt64 {
         nextKey += 1
@@ -293,6 +296,7 @@ extension Locked where Value: MirrorState {
             if state.isLoaded, state.waiters.isReached(epoch: epoch, sequence: sequence, mirror: state.position) {
                 return .success(())
             }
+            if let outage = state.waiters.outage { return .failure(outage) }
             state.waiters.waitForPosition(key: key, epoch: epoch, sequence: sequence, continuation)
             return nil
         }
@@ -304,9 +308,17 @@ extension Locked where Value: MirrorState {
         let waiting = withLock { state -> [MirrorWaiters.Continuation] in
             guard !state.isStopped else { return [] }
             if !state.isLoaded { state.phase = .error(error) }
+            state.waiters.outage = error
             return state.waiters.takeAll()
         }
         for waiter in waiting { waiter.resume(returning: .failure(error)) }
+    }
+
+    /// The follower has subscribed again after an outage: waiters wait again.
+    func reachable() {
+        withLock { state in
+            if state.waiters.outage != nil { state.waiters.outage = nil }
+        }
     }
 
     /// The mirror stops for good: waiters get the error, streams end.

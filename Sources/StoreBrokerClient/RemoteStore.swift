@@ -299,7 +299,8 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     }
 
     /// Returns once this mirror has seen the store's commit `sequence` (another process's write, say), under
-    /// the same rules as `itemsHaveLoaded()`.
+    /// the same rules as `itemsHaveLoaded()`: while the broker is out of reach (told once it has been for the
+    /// `connectTimeout`), it throws that at once, until the mirror has subscribed again.
     public func waitUntilSeen(sequence: UInt64) async throws(StoreBrokerError) {
         try await state.waitUntilReached("store \(name) to reach sequence \(sequence)", epoch: nil, sequence: sequence)
     }
@@ -339,7 +340,10 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
                     guard let self else { return }
                     registrar.withMutation(of: self, keyPath: loadStateKey) { state.unavailable(error) }
                 },
-                subscribed: { [weak self] route in self?.quietRoute.withLock { $0 = route } },
+                subscribed: { [weak self] route in
+                    self?.quietRoute.withLock { $0 = route }
+                    if route != nil { self?.state.reachable() }
+                },
                 handle: { [weak self] push throws(StoreBrokerError) in try self?.apply(push) })
             guard let self, let failure else { return }
             registrar.withMutation(of: self, keyPath: loadStateKey) { state.stop(with: failure) }

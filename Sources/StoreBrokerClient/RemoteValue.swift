@@ -47,6 +47,7 @@ final class ValueMirror<Value: Codable & Sendable>: Sendable, Observable {
                     guard let self else { return }
                     registrar.withMutation(of: self, keyPath: phaseKey) { state.unavailable(error) }
                 },
+                subscribed: { [weak self] route in if route != nil { self?.state.reachable() } },
                 handle: { [weak self] push throws(StoreBrokerError) in try self?.apply(push) })
             guard let self, let failure else { return }
             registrar.withMutation(of: self, keyPath: phaseKey) { state.stop(with: failure) }

@@ -18,6 +18,82 @@ private func note(_ id: String, _ text: String = "") -> AppNote { AppNote(id: id
 private func nowhere() -> String { "/tmp/storebroker-nowhere-\(UInt64.random(in: 0..<1 << 60)).sock" }
 
 @Suite struct MirrorsNeverHang {
+    /// A waiter that comes once the mirror has been told the broker is away gets that error at once, as the waiters
+    /// already there did; the follower goes on trying, and once it is back a waiter waits again. Before: it waited
+    /// for the broker's return (issue 52, point 5).
+    @Test func aWaiterThatComesDuringAnOutageIsToldAtOnce() async throws {
+        try await withTemporaryDirectory(prefix: "sbc") { directory in
+            let socket = directory + "/away.sock"
+            let broker = try await TemporaryBroker(engine: "memory") { $0.socketPath = socket }
+            let client = BrokerClient(socketPath: socket, connectTimeout: .milliseconds(300))
+            let notes = RemoteStore<AppNote>(client: client, name: "notes")
+            try await notes.itemsHaveLoaded()
+            let early = Task { () async -> StoreBrokerError? in
+                do throws(StoreBrokerError) {
+                    try await notes.waitUntilSeen(sequence: 99)
+                    return nil
+                } catch {
+                    return error
+                }
+            }
+            await broker.remove()
+            let told = await early.value
+            #expect(told?.isUnavailable == true, "the waiter there when the broker went away: \(String(describing: told))")
+            // Told already: the next waiter gets the error at once (bounded here, where it never returned).
+            let late = Task { () async -> StoreBrokerError? in
+                do throws(StoreBrokerError) {
+                    try await notes.waitUntilSeen(sequence: 99)
+                    return nil
+                } catch {
+                    return error
+                }
+            }
+            let bound = Task {
+                try? await Task.sleep(for: .seconds(20))
+                late.cancel()
+            }
+            let lateError = await late.value
+            bound.cancel()
+            #expect(lateError?.isUnavailable == true, "the waiter that came during the outage: \(String(describing: lateError))")
+        }
+    }
+
+    /// The same for a value's mirror.
+    @Test func aValueWaiterThatComesDuringAnOutageIsToldAtOnce() async throws {
+        try await withTemporaryDirectory(prefix: "sbc") { directory in
+            let socket = directory + "/away.sock"
+            let broker = try await TemporaryBroker(engine: "memory") { $0.socketPath = socket }
+            let client = BrokerClient(socketPath: socket, connectTimeout: .milliseconds(300))
+            let theme = RemoteValue<String>(client: client, key: "theme", default: "light")
+            try await theme.valueHasLoaded()
+            let early = Task { () async -> StoreBrokerError? in
+                do throws(StoreBrokerError) {
+                    try await theme.waitUntilSeen(sequence: 99)
+                    return nil
+                } catch {
+                    return error
+                }
+            }
+            await broker.remove()
+            #expect(await early.value?.isUnavailable == true)
+            let late = Task { () async -> StoreBrokerError? in
+                do throws(StoreBrokerError) {
+                    try await theme.waitUntilSeen(sequence: 99)
+                    return nil
+                } catch {
+                    return error
+                }
+            }
+            let bound = Task {
+                try? await Task.sleep(for: .seconds(20))
+                late.cancel()
+            }
+            let lateError = await late.value
+            bound.cancel()
+            #expect(lateError?.isUnavailable == true, "the waiter that came during the outage: \(String(describing: lateError))")
+        }
+    }
+
     @Test func loadingWithNoBrokerFailsWithinTheConnectTimeoutAndKeepsTrying() async throws {
         try await withTemporaryDirectory(prefix: "sbc") { directory in
             let socket = directory + "/late.sock"
