@@ -57,7 +57,7 @@ struct ApplyJob {
                 try EnginePlace.engineCall { () throws(EngineFailure) in try open.apply(steps, sequence: sequence) }
             }
             applied.applyTook = monotonicNanoseconds() - started
-        } catch where (error.underlying as? EngineFailure)?.code == .conflict && shared {
+        } catch  where (error.underlying as? EngineFailure)?.code == .conflict && shared {
             // Tried again after a catch-up; the error is the answer once the attempts run out.
             applied.lost = true
             applied.failure = error
@@ -95,56 +95,34 @@ struct CatchUpJob: @unchecked Sendable {
     }
     typealias Finding = CatchUpFinding<Change>
 
-    func run() -> ([Finding], BrokerError?) {
-        var effects: [Finding] = []
-        do throws(BrokerError) {
-            try catchUp(into: &effects)
-            return (effects, nil)
-        } catch {
-            return (effects, error)
-        }
-    }
+    func run() -> ([Finding], BrokerError?) { EnginePlace.catchUp(catchUp) }
 
     private func catchUp(into effects: inout [Finding]) throws(BrokerError) {
         var store = self.store
         var position = self.position
         var manifest = self.manifest
+        let name = self.name
         for _ in 0..<4 {
-            let engine: any StorageEngine
-            if let known = self.engine { engine = known } else { engine = try engines.engine(named: defaultEngine) }
             guard
-                let shared = try place.sharedStore(
-                    engine, current: store,
-                    keep: { opened in
-                        store = opened
-                        effects.append(.opened(engine, opened))
-                    })
+                let (engine, shared) = try place.sharedStore(
+                    known: engine, default: defaultEngine, store: &store, findings: &effects)
             else { return }
-            var fetched: [Commit] = []
-            var unreadable: BrokerError?
-            func read(epoch: UInt64, after: UInt64) throws(BrokerError) -> Position {
-                let name = self.name
-                return try EnginePlace.engineCall { () throws(EngineFailure) in
-                    try shared.commits(epoch: epoch, after: after) { sequence, record in
-                        guard unreadable == nil else { return }
-                        do throws(BrokerError) {
-                            let steps = try CommitRecord.decode(record, store: name, sequence: sequence)
-                            fetched.append(Commit(epoch: epoch, sequence: sequence, steps: steps))
-                        } catch {
-                            unreadable = error
-                        }
-                    }
+            func read(epoch: UInt64, after: UInt64) throws(BrokerError) -> (position: Position, commits: [Commit]) {
+                try EnginePlace.commits(of: shared, epoch: epoch, after: after) {
+                    (sequence, record) throws(BrokerError) in
+                    Commit(
+                        epoch: epoch, sequence: sequence,
+                        steps: try CommitRecord.decode(record, store: name, sequence: sequence))
                 }
             }
             do throws(BrokerError) {
-                var reached = try read(epoch: position.epoch, after: position.sequence)
-                if let unreadable { throw unreadable }
-                if reached.epoch == position.epoch {
+                let read1 = try read(epoch: position.epoch, after: position.sequence)
+                if read1.position.epoch == position.epoch {
                     // Behind this broker: the database lost commits it holds (restored, a replica promoted).
-                    if reached.sequence < position.sequence {
+                    if read1.position.sequence < position.sequence {
                         return try reload(shared, engine: engine, manifest: manifest, into: &effects)
                     }
-                    effects.append(.change(.commits(fetched)))
+                    effects.append(.change(.commits(read1.commits)))
                     return
                 }
                 if position.epoch != 0 {
@@ -162,16 +140,14 @@ struct CatchUpJob: @unchecked Sendable {
                     manifest = nil
                     continue
                 }
-                guard reached.epoch != 0 else { return }
+                guard read1.position.epoch != 0 else { return }
                 // Created by another broker: from its first commit.
-                let adopted = try place.adopt(engine: engine, existing: manifest, epoch: reached.epoch)
+                let adopted = try place.adopt(engine: engine, existing: manifest, epoch: read1.position.epoch)
                 effects.append(.adopted(adopted))
                 manifest = adopted
-                fetched = []
-                reached = try read(epoch: reached.epoch, after: 0)
-                if let unreadable { throw unreadable }
-                if reached.epoch == adopted.epoch {
-                    effects.append(.change(.commits(fetched)))
+                let read2 = try read(epoch: read1.position.epoch, after: 0)
+                if read2.position.epoch == adopted.epoch {
+                    effects.append(.change(.commits(read2.commits)))
                     return
                 }
             } catch  where (error.underlying as? EngineFailure)?.code == .gone {
@@ -189,5 +165,61 @@ struct CatchUpJob: @unchecked Sendable {
         let adopted =
             position.epoch == 0 ? nil : try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
         effects.append(.change(.reloaded(contents, position, adopted)))
+    }
+}
+
+/// What a store's and a namespace's catch-ups share: the run that keeps its findings when it fails, the shared
+/// store (opened for the catch-up when none is open) and the reading of its commit log.
+extension EnginePlace {
+    /// `body`'s findings, and the error that ended it, if any (the findings before it still count).
+    static func catchUp<Change>(
+        _ body: (inout [CatchUpFinding<Change>]) throws(BrokerError) -> Void
+    ) -> ([CatchUpFinding<Change>], BrokerError?) {
+        var findings: [CatchUpFinding<Change>] = []
+        do throws(BrokerError) {
+            try body(&findings)
+            return (findings, nil)
+        } catch {
+            return (findings, error)
+        }
+    }
+
+    /// The engine (`known`, else the default), and its store as a shared one: `store` when open, else opened now
+    /// (a finding, and `store` from then on); nil when the engine does not share its stores.
+    func sharedStore<Change>(
+        known: (any StorageEngine)?, default name: String, store: inout (any EngineStore)?,
+        findings: inout [CatchUpFinding<Change>]
+    ) throws(BrokerError) -> (engine: any StorageEngine, shared: any SharedEngineStore)? {
+        let engine: any StorageEngine
+        if let known { engine = known } else { engine = try environment.engines.engine(named: name) }
+        var opened: (any EngineStore)?
+        let shared = try sharedStore(engine, current: store, keep: { opened = $0 })
+        if let opened {
+            store = opened
+            findings.append(.opened(engine, opened))
+        }
+        return shared.map { (engine, $0) }
+    }
+
+    /// The log's commits of `epoch` after `after`, each decoded by `decode`, and the position the log is at; a
+    /// record that cannot be decoded is the error.
+    static func commits<Decoded>(
+        of shared: any SharedEngineStore, epoch: UInt64, after: UInt64,
+        _ decode: (UInt64, UnsafeRawBufferPointer) throws(BrokerError) -> Decoded
+    ) throws(BrokerError) -> (position: Position, commits: [Decoded]) {
+        var decoded: [Decoded] = []
+        var unreadable: BrokerError?
+        let position = try engineCall { () throws(EngineFailure) in
+            try shared.commits(epoch: epoch, after: after) { sequence, record in
+                guard unreadable == nil else { return }
+                do throws(BrokerError) {
+                    decoded.append(try decode(sequence, record))
+                } catch {
+                    unreadable = error
+                }
+            }
+        }
+        if let unreadable { throw unreadable }
+        return (position, decoded)
     }
 }

@@ -428,69 +428,46 @@ final class ValueSpace: WriterModel, @unchecked Sendable {
         }
         typealias Finding = CatchUpFinding<Change>
 
-        func run() -> ([Finding], BrokerError?) {
-            var effects: [Finding] = []
-            do throws(BrokerError) {
-                try catchUp(into: &effects)
-                return (effects, nil)
-            } catch {
-                return (effects, error)
-            }
-        }
+        func run() -> ([Finding], BrokerError?) { EnginePlace.catchUp(catchUp) }
 
         private func catchUp(into effects: inout [Finding]) throws(BrokerError) {
             var store = self.store
             var manifest = self.manifest
             for _ in 0..<2 {
-                let engine: any StorageEngine
-                if let known = self.engine { engine = known } else { engine = try engines.engine(named: defaultEngine) }
                 guard
-                    let shared = try place.sharedStore(
-                        engine, current: store,
-                        keep: { opened in
-                            store = opened
-                            effects.append(.opened(engine, opened))
-                        })
+                    let (engine, shared) = try place.sharedStore(
+                        known: engine, default: defaultEngine, store: &store, findings: &effects)
                 else { return }
-                var fetched: [(name: String, entry: Entry, commit: UInt64)] = []
-                var unreadable: BrokerError?
-                func read(epoch: UInt64, after: UInt64) throws(BrokerError) -> Position {
-                    try EnginePlace.engineCall { () throws(EngineFailure) in
-                        try shared.commits(epoch: epoch, after: after) { sequence, record in
-                            guard unreadable == nil else { return }
-                            do throws(BrokerError) {
-                                let (key, payload) = try CommitRecord.decodeValue(record, sequence: sequence)
-                                let name = String(decoding: key, as: UTF8.self)
-                                fetched.append((name, try decode(payload, name), sequence))
-                            } catch {
-                                unreadable = error
-                            }
-                        }
+                func read(epoch: UInt64, after: UInt64) throws(BrokerError)
+                    -> (position: Position, commits: [(name: String, entry: Entry, commit: UInt64)])
+                {
+                    try EnginePlace.commits(of: shared, epoch: epoch, after: after) {
+                        (sequence, record) throws(BrokerError) in
+                        let (key, payload) = try CommitRecord.decodeValue(record, sequence: sequence)
+                        let name = String(decoding: key, as: UTF8.self)
+                        return (name, try decode(payload, name), sequence)
                     }
                 }
                 do throws(BrokerError) {
-                    var position = try read(epoch: epoch, after: commits)
-                    if let unreadable { throw unreadable }
-                    if position.epoch == epoch {
+                    let read1 = try read(epoch: epoch, after: commits)
+                    if read1.position.epoch == epoch {
                         // Behind this broker: the database lost commits it holds (restored, a replica promoted).
-                        if position.sequence < commits {
+                        if read1.position.sequence < commits {
                             return try reload(shared, engine: engine, manifest: manifest, into: &effects)
                         }
-                        effects.append(.change(.changes(fetched, epoch: epoch)))
+                        effects.append(.change(.changes(read1.commits, epoch: epoch)))
                         return
                     }
-                    guard position.epoch != 0 else { return }
+                    guard read1.position.epoch != 0 else { return }
                     guard epoch == 0 else {
                         return try reload(shared, engine: engine, manifest: manifest, into: &effects)
                     }
-                    let adopted = try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)
+                    let adopted = try place.adopt(engine: engine, existing: manifest, epoch: read1.position.epoch)
                     effects.append(.adopted(adopted))
                     manifest = adopted
-                    fetched = []
-                    position = try read(epoch: position.epoch, after: 0)
-                    if let unreadable { throw unreadable }
-                    if position.epoch == adopted.epoch {
-                        effects.append(.change(.changes(fetched, epoch: adopted.epoch)))
+                    let read2 = try read(epoch: read1.position.epoch, after: 0)
+                    if read2.position.epoch == adopted.epoch {
+                        effects.append(.change(.changes(read2.commits, epoch: adopted.epoch)))
                         return
                     }
                 } catch  where (error.underlying as? EngineFailure)?.code == .gone {
