@@ -9,8 +9,9 @@ import StoreModel
 // before it reaches a store. Each may let it pass, reject it with a typed error, and observe what came of it.
 //
 // Adding one: write a type that conforms to `RequestInterceptor`, then hand the broker a chain that includes
-// it (`Broker(configuration:engines:blocking:logger:interceptors:)`, starting from `Broker.standardInterceptors`).
-// `check` runs on the connection's event loop for every request: it must be quick and must not block.
+// it (`Broker(configuration:engines:owner:blocking:logger:interceptors:)`, starting from
+// `Broker.standardInterceptors`). `check` runs on the broker's owner loop for every request, every connection's and
+// every store's work waiting meanwhile: it must be quick and must not block.
 
 /// Who sent a request: the peer's credentials, read with SO_PEERCRED when it connected.
 public struct Peer: Hashable, Sendable {

@@ -639,7 +639,7 @@ struct ConnectionStateMachine {
         let index = Int(slot - base)
         let id = slots[index].id
         // Set on each path that keeps the answer, not made empty first: `ByteBuffer()` is a copy of one shared empty
-        // buffer, a reference count on an object every event loop touches.
+        // buffer, a reference count on an object every connection touches.
         var out: ByteBuffer
         switch consume result {
         case .success(let message):
