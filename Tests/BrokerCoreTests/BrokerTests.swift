@@ -55,6 +55,13 @@ private func records(_ broker: Broker, _ store: String) async throws -> [ItemRec
     return records
 }
 
+/// Asks store "s" for its count (on the owner it is answered at once) and hands it to `body`.
+private func count(_ broker: Broker, _ body: @escaping @Sendable (UInt64) -> Void) {
+    broker.handle(.count(store: "s")) { result in
+        if case .success(.count(_, let count)) = result { body(count) }
+    }
+}
+
 private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
     if case .success(.written(let write)) = result, write.committed { return write.sequence }
     return nil
@@ -714,11 +721,7 @@ private final class Answers: @unchecked Sendable {
                     BrokerRequest(.write(store: "s", .insert([item("c")]))) { answers.add(1 + batches, $0) })
                 broker.handle(requests)
             }
-            broker.owner.execute {
-                broker.handle(.count(store: "s")) { result in
-                    if case .success(.count(_, let count)) = result { seen.withLock { $0 = count } }
-                }
-            }
+            broker.owner.execute { count(broker) { count in seen.withLock { $0 = count } } }
             try await answers.waitFor(2 + batches)
             #expect(answers.sequences == (0..<(2 + batches)).map { UInt64(2 + $0) })
             #expect(seen.withLock { $0 } == UInt64(2 + batches * size), "the read waited for every queued write")
@@ -741,9 +744,7 @@ private final class Answers: @unchecked Sendable {
                     BrokerRequest(.write(store: "s", .insert(large))) { answers.add(0, $0) },
                     BrokerRequest(.write(store: "s", .insert([item("c")]))) { answers.add(1, $0) },
                 ])
-                broker.handle(.count(store: "s")) { result in
-                    if case .success(.count(_, let count)) = result { seen.withLock { $0 = count } }
-                }
+                count(broker) { count in seen.withLock { $0 = count } }
             }
             try await answers.waitFor(2)
             #expect(answers.sequences == [2, 3])
