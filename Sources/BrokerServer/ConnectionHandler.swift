@@ -61,26 +61,13 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// The subscriptions with pushes waiting that the actions being performed have not taken yet (taken before
     /// `answeredHere`, so that a commit's event precedes its answer).
     private var pushesHere: [UInt32] = []
-    /// Bytes of the writes in `pending`: written as far as the machine is concerned, not yet in the channel.
-    private var pendingBytes = 0
     /// What the channel held and the time when the actions being performed began; valid until they are done
     /// or something is flushed (nothing leaves the channel's buffer in between, so the bytes written to it
     /// since are all that changed).
     private var ioSnapshot: IOSnapshot?
     private var writtenSinceSnapshot = 0
+    /// Actions are being performed: an event they cause (an answer given at once) queues its actions behind them.
     private var performing = false
-    private var needsFlush = false
-    /// The bytes the actions being performed write, gathered into one buffer and written to the channel once,
-    /// before the flush (a channel write per answer would pay NIO's bookkeeping per buffer for every answer). A
-    /// lone write goes as it is; one of `gatherLimit` bytes or more is not copied.
-    private var gathered = Gathered.none
-    private static let gatherLimit = 16 * 1024
-
-    private enum Gathered {
-        case none
-        case one(ByteBuffer)
-        case many(ByteBuffer)
-    }
     private var handshakeTimer: Scheduled<Void>?
     private var frameTimer: Scheduled<Void>?
     private var recheckTimer: Scheduled<Void>?
@@ -138,8 +125,6 @@ final class ConnectionHandler: ChannelDuplexHandler {
         answeredHere = []
         spareAnswers = []
         pushesHere = []
-        pendingBytes = 0
-        gathered = .none
     }
 
     // MARK: Events in
@@ -219,7 +204,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
         return ConnectionStateMachine.IOState(
             isWritable: snapshot.isWritable,
-            bufferedBytes: snapshot.channelBytes + writtenSinceSnapshot + pendingBytes, now: snapshot.now)
+            bufferedBytes: snapshot.channelBytes + writtenSinceSnapshot, now: snapshot.now)
     }
 
     // MARK: Actions out
@@ -229,9 +214,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         // Moved into `pending`, a payload-less action left in each place: iterating would copy each action (the
         // command it starts included).
         for index in actions.indices {
-            var action = ConnectionStateMachine.Action.flush
+            var action = ConnectionStateMachine.Action.read
             swap(&action, &actions[index])
-            pendingBytes += action.outputBytes
             pending.append(consume action)
         }
         machine?.recycle(&actions)
@@ -274,91 +258,30 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 continue
             }
             if let context {
-                if let output = machine?.takeOutput() {
-                    writtenSinceSnapshot += output.readableBytes
-                    gather(output, context)
-                }
                 // Into the channel under the snapshot its bytes were counted in: a writability event the write
                 // raises must not take a snapshot of its own before the flush (it would count them twice, stay
                 // stale past the flush, and a drain it starts would see a full socket that is not).
-                writeGathered(context)
-                if needsFlush {
-                    needsFlush = false
+                var wrote = false
+                while let bytes = machine?.nextWrite() {
+                    writtenSinceSnapshot += bytes.readableBytes
+                    context.write(wrapOutboundOut(bytes), promise: nil)
+                    wrote = true
+                }
+                if wrote {
                     ioSnapshot = nil
                     context.flush()
                 }
             }
             machine?.turnEnded()
-            if pending.isEmpty { break }
-        }
-    }
-
-    private func gather(_ bytes: ByteBuffer, _ context: ChannelHandlerContext) {
-        if bytes.readableBytes >= Self.gatherLimit {
-            writeGathered(context)
-            context.write(wrapOutboundOut(bytes), promise: nil)
-            return
-        }
-        guard case .none = gathered else {
-            var buffer = gatheringBuffer(adding: bytes.readableBytes, context)
-            buffer.writeImmutableBuffer(bytes)
-            gathered = .many(buffer)
-            return
-        }
-        gathered = .one(bytes)
-    }
-
-    /// A push's frames with this connection's subscription id: copied into the turn's buffer with the id set
-    /// when short (one copy, where a copy per frame and then into the buffer would be two), else re-headed frames
-    /// whose payloads stay shared with the other subscribers.
-    private func gatherPush(_ bytes: ByteBuffer, subscriptionID: UInt32, _ context: ChannelHandlerContext) {
-        guard bytes.readableBytes < Self.gatherLimit else {
-            bytes.forEachFrame(withID: subscriptionID) { gather($0, context) }
-            return
-        }
-        var buffer = gatheringBuffer(adding: bytes.readableBytes, context)
-        bytes.writeFrames(withID: subscriptionID, into: &buffer)
-        gathered = .many(buffer)
-    }
-
-    /// The turn's buffer, taken out of `gathered` to have `count` more bytes written into it: a new one (holding the
-    /// lone write gathered so far, if any), or the one already gathering, left as its only reference while it grows.
-    private func gatheringBuffer(adding count: Int, _ context: ChannelHandlerContext) -> ByteBuffer {
-        switch gathered {
-        case .none:
-            return context.channel.allocator.buffer(capacity: max(4096, 4 * count))
-        case .one(let first):
-            var buffer = context.channel.allocator.buffer(capacity: max(4096, 4 * (first.readableBytes + count)))
-            buffer.writeImmutableBuffer(first)
-            return buffer
-        case .many(let buffer):
-            gathered = .none
-            return buffer
-        }
-    }
-
-    private func writeGathered(_ context: ChannelHandlerContext) {
-        switch gathered {
-        case .none: return
-        case .one(let buffer), .many(let buffer):
-            gathered = .none
-            context.write(wrapOutboundOut(buffer), promise: nil)
+            // The flush may drain the socket at once, and the writability event that says so give the machine
+            // more to write (pushes that waited for room): go round again for it.
+            if pending.isEmpty, machine?.owesWrites != true { break }
         }
     }
 
     private func execute(_ action: consuming ConnectionStateMachine.Action) {
         guard let context else { return }
         switch consume action {
-        case .write(let bytes):
-            pendingBytes -= bytes.readableBytes
-            writtenSinceSnapshot += bytes.readableBytes
-            gather(bytes, context)
-        case .writePush(let bytes, let subscriptionID):
-            pendingBytes -= bytes.readableBytes
-            writtenSinceSnapshot += bytes.readableBytes
-            gatherPush(bytes, subscriptionID: subscriptionID, context)
-        case .flush:
-            needsFlush = true
         case .read:
             context.read()
         case .start(let slot, let command, let subscription):
@@ -388,23 +311,20 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 loop.value.frameTimer = nil
                 loop.value.event { $0.frameTimeout(io: $1) }
             }
-        case .cancelFrameTimeout:
-            frameTimer?.cancel()
-            frameTimer = nil
         case .scheduleRecheck(let after):
             recheckTimer = schedule(in: .init(after)) { $0.recheck(io: $1) }
-        case .closeAfter(let lastWord):
-            writeGathered(context)
-            needsFlush = false
+        case .close(var lastWrites, let lingering):
             ioSnapshot = nil
-            context.channel.closeAfterLastWord(context.writeAndFlush(wrapOutboundOut(lastWord)))
-        case .closeWhenWritten:
-            // Writes complete in order: once this empty one is written, so is every answer before it.
-            writeGathered(context)
-            needsFlush = false
-            ioSnapshot = nil
-            let channel = context.channel
-            context.writeAndFlush(wrapOutboundOut(ByteBuffer())).whenComplete { _ in channel.close(promise: nil) }
+            let last = lastWrites.popLast() ?? ByteBuffer()
+            for bytes in lastWrites { context.write(wrapOutboundOut(bytes), promise: nil) }
+            // Writes complete in order: once the last is written, so is every answer before it.
+            let written = context.writeAndFlush(wrapOutboundOut(last))
+            if lingering {
+                context.channel.closeAfterLastWord(written)
+            } else {
+                let channel = context.channel
+                written.whenComplete { _ in channel.close(promise: nil) }
+            }
         }
     }
 
@@ -478,65 +398,6 @@ struct Timeouts: Sendable {
     var frame: Duration
 }
 
-
-/// The bytes every connection together holds for its client (unread requests, unsent answers), against a
-/// cap per connection and a total.
-final class ByteBudget: Sendable {
-    let perConnection: Int
-    let total: Int
-    private let held = Atomic<Int>(0)
-    private let connections = Atomic<Int>(0)
-
-    init(perConnection: Int, total: Int) {
-        self.perConnection = perConnection
-        self.total = total
-    }
-
-    var heldBytes: Int { held.load(ordering: .relaxed) }
-
-    func adjust(by delta: Int) {
-        held.add(delta, ordering: .relaxed)
-    }
-
-    func connectionOpened() { connections.add(1, ordering: .relaxed) }
-    func connectionClosed() { connections.subtract(1, ordering: .relaxed) }
-
-    /// Whether a connection holding `bytes` may take more: always under the total; past it, only within its
-    /// share of the total.
-    func allows(_ bytes: Int) -> Bool {
-        guard held.load(ordering: .relaxed) > total else { return true }
-        return bytes <= total / max(1, connections.load(ordering: .relaxed))
-    }
-}
-
-/// The subscriptions every connection together holds, against a cap per connection (each connection counts its
-/// own) and a total (`--max-total-subscriptions`): a subscription costs the daemon about 1.3 KB before any push,
-/// so without a total, `--max-connections` × `--max-subscriptions` of them could take gigabytes.
-final class SubscriptionQuota: Sendable {
-    let perConnection: Int
-    let total: Int
-    private let held = Atomic<Int>(0)
-
-    init(perConnection: Int, total: Int) {
-        self.perConnection = perConnection
-        self.total = total
-    }
-
-    /// Subscriptions held now, all connections together.
-    var heldCount: Int { held.load(ordering: .relaxed) }
-
-    /// Counts one more subscription, unless all connections together hold `total` already.
-    func take() -> Bool {
-        guard held.add(1, ordering: .relaxed).newValue > total else { return true }
-        held.subtract(1, ordering: .relaxed)
-        return false
-    }
-
-    /// Gives back `count` subscriptions that have ended.
-    func give(_ count: Int = 1) {
-        held.subtract(count, ordering: .relaxed)
-    }
-}
 
 /// The open connections, so shutdown can say goodbye to each.
 final class ConnectionRegistry: Sendable {
