@@ -185,9 +185,9 @@ public final class Broker: @unchecked Sendable {
         watcher = try SharedWatcher(
             engine: shared, options: environment.options(shared), logger: logger,
             changed: { [weak self] name, position in
-                owner.execute { self?.sharedStoreChanged(name, at: position) }
+                owner.execute { [weak self] in self?.sharedStoreChanged(name, at: position) }
             },
-            tick: { [weak self] in owner.execute { self?.retryFailedCatchUps() } })
+            tick: { [weak self] in owner.execute { [weak self] in self?.retryFailedCatchUps() } })
         owner.execute {
             self.values.preload()
             self.secureValues.preload()
@@ -224,7 +224,7 @@ public final class Broker: @unchecked Sendable {
     /// Returns once the writer of store `name` is idle (for tests that need a write to find it so).
     func waitUntilWriterIdle(store name: String) async {
         await withCheckedContinuation { continuation in
-            onOwner { self.store(name).whenIdle { continuation.resume() } }
+            onOwner { self.store(name).writer.whenIdle { continuation.resume() } }
         }
     }
 
@@ -491,7 +491,7 @@ public final class Broker: @unchecked Sendable {
     ) {
         guard let name = names.first else { return done(.success(infos)) }
         let store = store(name)
-        store.whenLoaded { failure in
+        store.writer.whenLoaded { failure in
             var infos = infos
             if failure != nil {
                 // Listed, and marked: a store that exists but cannot be served has an epoch and sequence 0
@@ -535,9 +535,9 @@ public final class Broker: @unchecked Sendable {
                 open -= 1
                 if open == 0 { jobs.whenAllEnded { closed.succeed() } }
             }
-            for store in self.stores.values { store.shutdown(one) }
-            self.values.shutdown(one)
-            self.secureValues.shutdown(one)
+            for store in self.stores.values { store.writer.shutdown(one) }
+            self.values.writer.shutdown(one)
+            self.secureValues.writer.shutdown(one)
         }
         try? await closed.futureResult.get()
     }

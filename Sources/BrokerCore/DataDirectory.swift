@@ -171,13 +171,18 @@ public enum FileOps {
             underlying: cause, fileID: fileID, line: line)
     }
 
-    static func makeDirectory(_ path: String, recursive: Bool) throws(BrokerError) {
+    /// Creates `path` (mode 0700), and its missing parents when `recursive`; returns the directories it created,
+    /// outermost first.
+    @discardableResult
+    public static func makeDirectory(_ path: String, recursive: Bool) throws(BrokerError) -> [String] {
+        var info = stat()
+        if stat(path, &info) == 0 { return [] }
+        var created: [String] = []
         if recursive, let slash = path.lastIndex(of: "/"), slash != path.startIndex {
-            let parent = String(path[..<slash])
-            var info = stat()
-            if stat(parent, &info) != 0 { try makeDirectory(parent, recursive: true) }
+            created = try makeDirectory(String(path[..<slash]), recursive: true)
         }
         if mkdir(path, 0o700) != 0, errno != EEXIST { throw failure("cannot create directory", path) }
+        return created + [path]
     }
 
     /// The names in a directory, "." and ".." left out.

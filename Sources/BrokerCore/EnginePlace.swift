@@ -115,22 +115,6 @@ struct EnginePlace: Sendable {
         return manifest
     }
 
-    /// The place's store as a shared one, for reading other brokers' commits: `current` when open, else opened
-    /// now and handed to `keep`; nil when `engine` does not share its stores.
-    func sharedStore(
-        _ engine: any StorageEngine, current: (any EngineStore)?, keep: (any EngineStore) -> Void
-    ) throws(BrokerError) -> (any SharedEngineStore)? {
-        guard Self.isShared(engine) else { return nil }
-        let store: any EngineStore
-        if let current {
-            store = current
-        } else {
-            store = try open(engine)
-            keep(store)
-        }
-        return store as? any SharedEngineStore
-    }
-
     /// Removes the place here (not the engine's data): a shared store another broker dropped.
     func forget() throws(BrokerError) {
         guard try environment.directory.manifest(place) != nil else { return }
@@ -181,21 +165,15 @@ struct EnginePlace: Sendable {
     }
 
     func open(_ engine: any StorageEngine) throws(BrokerError) -> any EngineStore {
-        let directory = place.engineDirectory
-        let storeName = storeName
-        let options = environment.options(engine)
-        return try Self.engineCall { () throws(EngineFailure) in
-            try engine.open(directory: directory, store: storeName, options: options)
+        try Self.engineCall { () throws(EngineFailure) in
+            try engine.open(directory: place.engineDirectory, store: storeName, options: environment.options(engine))
         }
     }
 
     /// Deletes the engine's data and the place.
     func drop(engine: any StorageEngine) throws(BrokerError) {
-        let directory = place.engineDirectory
-        let storeName = storeName
-        let options = environment.options(engine)
         try Self.engineCall { () throws(EngineFailure) in
-            try engine.drop(directory: directory, store: storeName, options: options)
+            try engine.drop(directory: place.engineDirectory, store: storeName, options: environment.options(engine))
         }
         try environment.directory.remove(place)
     }

@@ -50,12 +50,8 @@ public struct AccessRule: Hashable, Sendable, CustomStringConvertible {
             return nil
         }
         glob = parts.count > 1 && !parts[1].isEmpty ? parts[1] : "*"
-        if parts.count == 3 {
-            guard parts[2] == "ro" else { return nil }
-            readOnly = true
-        } else {
-            readOnly = false
-        }
+        if parts.count == 3, parts[2] != "ro" { return nil }
+        readOnly = parts.count == 3
     }
 
     func matches(_ name: String) -> Bool { fnmatch(glob, name, 0) == 0 }
@@ -252,15 +248,13 @@ public struct LimitsInterceptor: RequestInterceptor {
         case .get(_, let ids): try checkIDs(ids, total: ids.count)
         case .range(_, let after, _), .ids(_, let after, _): if let after { try checkID(after) }
         case .write(_, .chain(let steps), _):
-            var total = steps.count
-            for step in steps {
+            try checkBatch(steps.reduce(steps.count) { total, step in
                 switch step {
-                case .insert(let items): total += items.count
-                case .remove(let ids): total += ids.count
-                case .removeAll: break
+                case .insert(let items): total + items.count
+                case .remove(let ids): total + ids.count
+                case .removeAll: total
                 }
-            }
-            try checkBatch(total)
+            })
             for step in steps {
                 switch step {
                 case .insert(let items): try checkItems(items, total: 0)

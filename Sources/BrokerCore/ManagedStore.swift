@@ -21,21 +21,7 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
     private let environment: StoreEnvironment
     /// Asks the broker to let go of this store if there is nothing in it (`retireIfNothingHere()`).
     private let retire: (ManagedStore) -> Void
-    /// The configuration's figures each commit reads, copied out once.
-    private let limits: Limits
     private let initiallyStopping: Bool
-
-    private struct Limits {
-        let history: Int
-        let historyBytes: Int
-        let clock: WallClock
-
-        init(_ configuration: BrokerConfiguration) {
-            clock = configuration.clock
-            history = configuration.history
-            historyBytes = configuration.historyBytes
-        }
-    }
 
     private(set) lazy var writer = PlaceWriter(
         model: self, environment: environment,
@@ -58,7 +44,6 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
     ) {
         self.name = name
         self.environment = environment
-        limits = Limits(environment.configuration)
         self.retire = retire
         initiallyStopping = stopping
     }
@@ -86,9 +71,6 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
 
     // MARK: Loading
 
-    /// Runs `body` once the store is loaded (at once if it is), with the error if it cannot be.
-    func whenLoaded(_ body: @escaping (BrokerError?) -> Void) { writer.whenLoaded(body) }
-
     func loadJob() -> @Sendable () throws(BrokerError) -> (EnginePlace.Loaded?, StoreContents) {
         let place = writer.place
         return { () throws(BrokerError) in
@@ -114,7 +96,7 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
         _ reply: Reply, _ body: @escaping (borrowing StoreContents, Position) -> Result<BrokerAnswer, BrokerError>
     ) {
         guard writer.loading == .ready else {
-            return whenLoaded { failure in
+            return writer.whenLoaded { failure in
                 if let failure { return reply(.failure(failure)) }
                 self.read(reply, body)
             }
@@ -124,12 +106,7 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
     }
 
     func info(_ reply: Reply) {
-        whenLoaded { failure in
-            if let failure { return reply(.failure(failure)) }
-            let info = self.currentInfo()
-            reply(.success(.storeInfo(info)))
-            if info.sequence == 0 { self.retire(self) }
-        }
+        read(reply) { _, _ in .success(.storeInfo(self.currentInfo())) }
     }
 
     /// The store's info; call only when loaded.
@@ -150,22 +127,25 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
     }
 
     func range(after cursor: ItemID?, limit: UInt32, _ reply: Reply) {
-        let name = name
-        read(reply) { contents, position in
-            guard let records = contents.records(after: cursor, limit: Int(limit)) else {
-                return .failure(Self.cursorGone(cursor, store: name))
-            }
-            return .success(.records(position, records))
+        page(after: cursor, reply) { contents, position in
+            contents.records(after: cursor, limit: Int(limit)).map { .records(position, $0) }
         }
     }
 
     func ids(after cursor: ItemID?, limit: UInt32, _ reply: Reply) {
+        page(after: cursor, reply) { contents, position in
+            contents.ids(after: cursor, limit: Int(limit)).map { .ids(position, $0) }
+        }
+    }
+
+    /// A page after `cursor`; `nil` from `body` when the cursor's item is gone.
+    private func page(
+        after cursor: ItemID?, _ reply: Reply,
+        _ body: @escaping (borrowing StoreContents, Position) -> BrokerAnswer?
+    ) {
         let name = name
         read(reply) { contents, position in
-            guard let ids = contents.ids(after: cursor, limit: Int(limit)) else {
-                return .failure(Self.cursorGone(cursor, store: name))
-            }
-            return .success(.ids(position, ids))
+            body(contents, position).map { .success($0) } ?? .failure(Self.cursorGone(cursor, store: name))
         }
     }
 
@@ -182,7 +162,7 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
     /// then every event. The pushes are queued before the answer is given.
     func subscribe(_ subscription: Subscription, start: SubscriptionStart, _ reply: Reply) {
         arriving += 1
-        whenLoaded { failure in
+        writer.whenLoaded { failure in
             self.arriving -= 1
             if let failure { return reply(.failure(failure)) }
             switch start {
@@ -255,19 +235,10 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
     /// Queues writes, in order (`PlaceWriter.submit`).
     func submit(_ writes: inout [PendingWrite?]) { writer.submit(&writes) }
 
-    /// Returns once nothing is queued, loading or being written (for tests that need a write to find it so).
-    func whenIdle(_ body: @escaping () -> Void) { writer.whenIdle(body) }
-
-    /// Refuses new writes, finishes the queued ones, then closes the engine store; `done` runs when it is closed.
-    func shutdown(_ done: @escaping () -> Void) { writer.shutdown(done) }
-
-    /// Items a turn commits on the owner for a nonblocking engine before the owner serves its other work.
-    static var inlineItems: Int { PlaceWriter<ManagedStore>.inlineItems }
-
     private func planning(_ engine: any StorageEngine) -> Planning {
         Planning(
             contents: contents, base: writer.position, manifestEpoch: writer.manifest?.epoch, store: name,
-            atomic: engine.capabilities.contains(.atomic), engineName: engine.name, now: limits.clock.milliseconds())
+            atomic: engine.capabilities.contains(.atomic), engineName: engine.name, now: environment.configuration.clock.milliseconds())
     }
 
     func plan(_ writes: [PendingWrite], engine: any StorageEngine) -> Plan? {
@@ -305,13 +276,18 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
         plan.commits.withUnsafeBufferPointer { commits in
             for index in commits.indices {
                 contents.apply(commits[index].steps, hints: plan.insertHints, from: &nextHint, released: &released)
-                history.append(
-                    commits[index], maxCount: limits.history, maxBytes: limits.historyBytes, evicted: &evicted)
+                remember(commits[index], evicted: &evicted)
             }
         }
         broadcast(plan.commits.map { (.storeEvent($0), $0.position) }, commits: plan.commits, silenced: plan.silenced)
         answer(plan.writes, plan.outcomes, epoch: plan.epoch)
         withExtendedLifetime((released, evicted)) {}
+    }
+
+    /// Into the history, within `--history` commits and `--history-bytes`.
+    private func remember(_ commit: Commit, evicted: inout [Commit]) {
+        let configuration = environment.configuration
+        history.append(commit, maxCount: configuration.history, maxBytes: configuration.historyBytes, evicted: &evicted)
     }
 
     func answer(_ plan: Plan, failure: BrokerError) {
@@ -371,22 +347,16 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
                 write.reply(.failure(error))
                 return done()
             }
-            let dropped = self.writer.position
-            let removed = self.emptied(forgettingEngine: true)
-            // Observers hear of a drop as a remove of every id the store held, at sequence 0.
-            self.broadcast(
-                [(.dropped(dropped), Position(epoch: 0, sequence: 0))],
-                commits: removed.isEmpty ? [] : [Commit(epoch: 0, sequence: 0, steps: [.remove(ids: removed)])])
-            self.logger.info(
-                "store dropped", metadata: ["epoch": "\(dropped.epoch)", "sequence": "\(dropped.sequence)"])
+            self.dropped(forgettingEngine: true, "store dropped")
             write.reply(.success(.written(CommitResult(committed: true, epoch: 0, sequence: 0))))
             done()
         }
     }
 
-    /// A dropped store's state: empty, at no position. Returns, when observers want them (they hear of a drop as a
-    /// remove of every id), the ids it held.
-    private func emptied(forgettingEngine: Bool) -> [ItemID] {
+    /// The store was dropped: empty, at no position; subscribers hear `dropped`, observers a remove of every id
+    /// it held, at sequence 0.
+    private func dropped(forgettingEngine: Bool, _ message: Logger.Message) {
+        let dropped = writer.position
         let removed = !environment.observers.isEmpty && contents.count > 0 ? contents.ids : []
         contents = StoreContents()
         writer.epoch = 0
@@ -394,7 +364,10 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
         writer.manifest = nil
         if forgettingEngine { writer.engine = nil }
         history = EventHistory()
-        return removed
+        broadcast(
+            [(.dropped(dropped), Position(epoch: 0, sequence: 0))],
+            commits: removed.isEmpty ? [] : [Commit(epoch: 0, sequence: 0, steps: [.remove(ids: removed)])])
+        logger.info(message, metadata: ["epoch": "\(dropped.epoch)", "sequence": "\(dropped.sequence)"])
     }
 
     // MARK: Shared stores
@@ -406,8 +379,7 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
         guard !isRetired, !writer.stopping else { return }
         guard writer.loading == .unloaded else { return writer.requestCatchUp() }
         let job = CatchUpJob(
-            place: writer.place, name: name, engine: nil, defaultEngine: environment.configuration.defaultEngine,
-            engines: environment.engines, store: nil, position: Position(epoch: 0, sequence: 0), manifest: nil)
+            place: writer.place, engine: nil, store: nil, position: Position(epoch: 0, sequence: 0), manifest: nil)
         writer.loadByCatchUp { job.run() }
     }
 
@@ -419,9 +391,7 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
 
     func catchUpJob() -> @Sendable () -> ([CatchUpJob.Finding], BrokerError?) {
         let job = CatchUpJob(
-            place: writer.place, name: name, engine: writer.engine,
-            defaultEngine: environment.configuration.defaultEngine,
-            engines: environment.engines, store: writer.engineStore, position: writer.position,
+            place: writer.place, engine: writer.engine, store: writer.engineStore, position: writer.position,
             manifest: writer.manifest)
         return { job.run() }
     }
@@ -435,7 +405,7 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
             var evicted: [Commit] = []
             for commit in commits {
                 contents.apply(commit.steps)
-                history.append(commit, maxCount: limits.history, maxBytes: limits.historyBytes, evicted: &evicted)
+                remember(commit, evicted: &evicted)
             }
             writer.epoch = last.epoch
             writer.sequence = last.sequence
@@ -443,14 +413,7 @@ final class ManagedStore: WriterModel, @unchecked Sendable {
         case .droppedElsewhere:
             // The engine store stays open: a shared store is named by its name, and its place here is made
             // again when it is created again.
-            let dropped = writer.position
-            let removed = emptied(forgettingEngine: false)
-            broadcast(
-                [(.dropped(dropped), Position(epoch: 0, sequence: 0))],
-                commits: removed.isEmpty ? [] : [Commit(epoch: 0, sequence: 0, steps: [.remove(ids: removed)])])
-            logger.info(
-                "store dropped by another broker",
-                metadata: ["epoch": "\(dropped.epoch)", "sequence": "\(dropped.sequence)"])
+            dropped(forgettingEngine: false, "store dropped by another broker")
         case .reloaded(let reloaded, let at, let adopted):
             contents = reloaded
             writer.epoch = at.epoch

@@ -482,27 +482,17 @@ final class PlaceWriter<Model: WriterModel> {
     /// finishes the group and goes on when it comes back (false).
     private func apply(_ plan: Model.Plan, engine: any StorageEngine) -> Bool {
         let shared = EnginePlace.isShared(engine)
-        if let store = engineStore, capabilities?.contains(.nonblocking) == true, !shared, manifest?.committed == true {
+        let job = ApplyJob(
+            place: place, engine: engine, store: engineStore, manifest: manifest, shared: shared, steps: plan.steps,
+            base: plan.base, epoch: plan.epoch, sequence: plan.sequence,
+            records: shared ? model.sharedRecords(plan) : [])
+        if engineStore != nil, capabilities?.contains(.nonblocking) == true, !shared, manifest?.committed == true {
             // On the owner: an apply that never blocks costs less than the hand-off to a thread and back.
-            var applied = ApplyJob.Applied()
-            let started = monotonicNanoseconds()
-            do throws(BrokerError) {
-                try EnginePlace.engineCall { () throws(EngineFailure) in
-                    try store.apply(plan.steps, sequence: plan.sequence)
-                }
-                applied.applyTook = monotonicNanoseconds() - started
-            } catch {
-                applied.failure = error
-            }
-            finish(plan, applied)
+            finish(plan, job.run())
             return true
         }
-        let job = Handover(
-            ApplyJob(
-                place: place, engine: engine, store: engineStore, manifest: manifest, shared: shared, steps: plan.steps,
-                base: plan.base, epoch: plan.epoch, sequence: plan.sequence,
-                records: shared ? model.sharedRecords(plan) : []))
-        offOwner({ job.value.run() }) { applied in
+        let handed = Handover(job)
+        offOwner({ handed.value.run() }) { applied in
             self.finish(plan, applied)
             self.goOn()
         }

@@ -1,5 +1,4 @@
 import Glibc
-import Locking
 import Logging
 import StoreModel
 
@@ -17,9 +16,10 @@ final class SharedWatcher: Sendable {
         engine: any SharedStorageEngine, options: [String: String], logger: Logger,
         changed: @escaping @Sendable (String?, Position?) -> Void, tick: @escaping @Sendable () -> Void
     ) throws(BrokerError) {
-        let loop = Loop(engine: engine, options: options, logger: logger, changed: changed, tick: tick)
         thread = try WakeableThread(name: "sb-shared-watch")
-        try thread.start { thread in loop.run(on: thread) }
+        try thread.start { thread in
+            Self.run(on: thread, engine: engine, options: options, logger: logger, changed: changed, tick: tick)
+        }
     }
 
     /// Ends the thread (within one wait) and the watch; returns once both have ended.
@@ -28,79 +28,58 @@ final class SharedWatcher: Sendable {
         await thread.join()
     }
 
-    /// The watcher's state, touched only by its thread.
-    private final class Loop: @unchecked Sendable {
-        let engine: any SharedStorageEngine
-        let options: [String: String]
-        /// Nil until opened (and again once lost for good: it is opened anew).
+    /// The thread's loop; its state is its own local variables.
+    private static func run(
+        on thread: WakeableThread, engine: any SharedStorageEngine, options: [String: String], logger: Logger,
+        changed: @Sendable (String?, Position?) -> Void, tick: @Sendable () -> Void
+    ) {
+        /// Nil until opened, and again once lost for good: it is opened anew.
         var watch: (any EngineWatch)?
         var descriptor: Int32 = -1
-        let logger: Logger
-        let changed: @Sendable (String?, Position?) -> Void
-        let tick: @Sendable () -> Void
+        var opened = false
         /// Failing since: logged once per streak.
         var failing = false
-
-        init(
-            engine: any SharedStorageEngine, options: [String: String], logger: Logger,
-            changed: @escaping @Sendable (String?, Position?) -> Void, tick: @escaping @Sendable () -> Void
-        ) {
-            self.engine = engine
-            self.options = options
-            self.logger = logger
-            self.changed = changed
-            self.tick = tick
-        }
-
-        func run(on thread: WakeableThread) {
-            var lastTick = monotonicNanoseconds()
-            var opened = false
-            while !thread.isStopping {
-                if watch == nil { open(after: opened) }
-                opened = opened || watch != nil
-                let readable = thread.wait(milliseconds: 1000, descriptor: descriptor)
-                if thread.isStopping { break }
-                if monotonicNanoseconds() - lastTick >= 1_000_000_000 {
-                    lastTick = monotonicNanoseconds()
-                    tick()
-                }
-                guard let watch, descriptor < 0 || readable else { continue }
-                do throws(EngineFailure) {
-                    descriptor = try watch.changes(changed)
-                    recovered()
-                } catch {
-                    descriptor = -1
-                    failed(error)
-                }
-            }
-            watch?.close()
-        }
-
-        /// Opens the watch; once it had been open before, or after a failed first try, every store may have
-        /// changed meanwhile.
-        private func open(after opened: Bool) {
-            do throws(EngineFailure) {
-                let made = try engine.watch(options: options)
-                watch = made
-                descriptor = made.descriptor
-                if opened || failing { changed(nil, nil) }
-                recovered()
-            } catch {
-                failed(error)
-            }
-        }
-
-        private func recovered() {
-            guard failing else { return }
-            failing = false
-            logger.notice("watching engine \(engine.name)'s shared stores again")
-        }
-
-        private func failed(_ error: EngineFailure) {
+        func failed(_ error: EngineFailure) {
             guard !failing else { return }
             failing = true
             logger.error(
                 "cannot watch engine \(engine.name)'s shared stores (trying again every second): \(error.description)")
         }
+        func recovered() {
+            guard failing else { return }
+            failing = false
+            logger.notice("watching engine \(engine.name)'s shared stores again")
+        }
+        var lastTick = monotonicNanoseconds()
+        while !thread.isStopping {
+            if watch == nil {
+                do throws(EngineFailure) {
+                    let made = try engine.watch(options: options)
+                    watch = made
+                    descriptor = made.descriptor
+                    // Open before, or a failed first try: every store may have changed meanwhile.
+                    if opened || failing { changed(nil, nil) }
+                    opened = true
+                    recovered()
+                } catch {
+                    failed(error)
+                }
+            }
+            let readable = thread.wait(milliseconds: 1000, descriptor: descriptor)
+            if thread.isStopping { break }
+            if monotonicNanoseconds() - lastTick >= 1_000_000_000 {
+                lastTick = monotonicNanoseconds()
+                tick()
+            }
+            guard let watch, descriptor < 0 || readable else { continue }
+            do throws(EngineFailure) {
+                descriptor = try watch.changes(changed)
+                recovered()
+            } catch {
+                descriptor = -1
+                failed(error)
+            }
+        }
+        watch?.close()
     }
 }

@@ -15,15 +15,9 @@ public struct EngineRecord: Hashable, Sendable {
     public var createdAt: UInt64
     public var updatedAt: UInt64
 
-    public init(keyBytes: ByteBuffer, payload: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
-        let item = keyBytes.withUnsafeReadableBytes { key in
-            payload.withUnsafeReadableBytes { KeptItem.make(id: key, payload: $0) }
-        }
-        self.init(kept: item, createdAt: createdAt, updatedAt: updatedAt)
-    }
-
     public init(key: [UInt8], payload: ByteBuffer, createdAt: UInt64, updatedAt: UInt64) {
-        self.init(keyBytes: ByteBuffer(bytes: key), payload: payload, createdAt: createdAt, updatedAt: updatedAt)
+        let item = key.withUnsafeBytes { key in payload.withUnsafeReadableBytes { KeptItem.make(id: key, payload: $0) } }
+        self.init(kept: item, createdAt: createdAt, updatedAt: updatedAt)
     }
 
     /// A record over a kept item: its id is the key.
@@ -32,9 +26,6 @@ public struct EngineRecord: Hashable, Sendable {
         self.createdAt = createdAt
         self.updatedAt = updatedAt
     }
-
-    /// The key's bytes (a copy).
-    public var keyBytes: ByteBuffer { item.withID { ByteBuffer(bytes: $0) } }
 
     /// The payload's bytes (a copy).
     public var payload: ByteBuffer { item.withPayload { ByteBuffer(bytes: $0) } }
@@ -61,19 +52,6 @@ public struct EngineRecord: Hashable, Sendable {
         }
         hasher.combine(createdAt)
         hasher.combine(updatedAt)
-    }
-}
-
-extension EngineRecord {
-    /// The engine's record of an item record. One the planner made holds its kept item, whose id is the record's:
-    /// it is the key, shared; any other record's id and payload are copied.
-    init(_ record: ItemRecord) {
-        if let item = record.payload.keptItem, record.id.keptItem?.isSame(as: item) == true {
-            self.init(kept: item, createdAt: record.createdAt, updatedAt: record.updatedAt)
-        } else {
-            let item = record.id.withUTF8 { key in record.payload.withUnsafeReadableBytes { KeptItem.make(id: key, payload: $0) } }
-            self.init(kept: item, createdAt: record.createdAt, updatedAt: record.updatedAt)
-        }
     }
 }
 
@@ -108,21 +86,17 @@ public struct EngineFailure: LayerError, Sendable {
         /// ABI 2.1: the commit log no longer reaches back that far.
         public static let gone = Code(rawValue: 10)
 
-        public var description: String {
-            switch self {
-            case .io: "I/O error"
-            case .corrupt: "corrupt data"
-            case .full: "storage full"
-            case .invalid: "invalid argument"
-            case .unsupported: "unsupported"
-            case .stopped: "stopped"
-            case .internalError: "internal error"
-            case .injected: "injected failure"
-            case .conflict: "conflict"
-            case .gone: "commit log gone"
-            default: "engine error \(rawValue)"
-            }
-        }
+        /// What it is called in messages and in the `code` field of the engine checker (`engine-N` when unknown).
+        private static let names: [Code: (name: String, text: String)] = [
+            .io: ("io", "I/O error"), .corrupt: ("corrupt", "corrupt data"), .full: ("full", "storage full"),
+            .invalid: ("invalid", "invalid argument"), .unsupported: ("unsupported", "unsupported"),
+            .stopped: ("stopped", "stopped"), .internalError: ("internal", "internal error"),
+            .injected: ("injected", "injected failure"), .conflict: ("conflict", "conflict"),
+            .gone: ("gone", "commit log gone"),
+        ]
+
+        public var description: String { Self.names[self]?.text ?? "engine error \(rawValue)" }
+        var name: String { Self.names[self]?.name ?? "engine-\(rawValue)" }
     }
 
     public var code: Code
@@ -143,22 +117,9 @@ public struct EngineFailure: LayerError, Sendable {
         self.location = SourceLocation(fileID: fileID, line: line)
     }
 
-    /// `io`, `corrupt`, `full`, `invalid`, `unsupported`, `stopped`, `internal`, `injected`, or `engine-N`.
-    public var codeName: String {
-        switch code {
-        case .io: "io"
-        case .corrupt: "corrupt"
-        case .full: "full"
-        case .invalid: "invalid"
-        case .unsupported: "unsupported"
-        case .stopped: "stopped"
-        case .internalError: "internal"
-        case .injected: "injected"
-        case .conflict: "conflict"
-        case .gone: "gone"
-        default: "engine-\(code.rawValue)"
-        }
-    }
+    /// `io`, `corrupt`, `full`, `invalid`, `unsupported`, `stopped`, `internal`, `injected`, `conflict`, `gone`,
+    /// or `engine-N`.
+    public var codeName: String { code.name }
 
     public var description: String {
         (engine.map { "engine \($0): " } ?? "") + "\(code): \(message)"

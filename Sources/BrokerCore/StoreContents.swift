@@ -86,12 +86,8 @@ public struct StoreContents: Sendable {
         return item.record(createdAt: stamps.createdAt, updatedAt: stamps.updatedAt, id: id)
     }
 
-    /// When the item was created, if the store holds it: a lookup that copies nothing out.
-    public func createdAt(_ id: ItemID) -> UInt64? {
-        createdAt(id, hash: id.tableHash)
-    }
-
-    /// `createdAt(_:)` with the id's `tableHash` already known.
+    /// When the item was created, if the store holds it (`hash`: the id's `tableHash`): a lookup that copies nothing
+    /// out.
     func createdAt(_ id: ItemID, hash: Int) -> UInt64? {
         table.value(hash: hash, matching: { $0.hasID(id) })?.createdAt
     }

@@ -80,10 +80,7 @@ struct ApplyJob {
 struct CatchUpJob: @unchecked Sendable {
     // `@unchecked Sendable`: the engine store is the owner's, handed to this job while the writer waits for it.
     let place: EnginePlace
-    let name: String
     let engine: (any StorageEngine)?
-    let defaultEngine: String
-    let engines: any EngineProvider
     let store: (any EngineStore)?
     let position: Position
     let manifest: Manifest?
@@ -101,12 +98,11 @@ struct CatchUpJob: @unchecked Sendable {
         var store = self.store
         var position = self.position
         var manifest = self.manifest
-        let name = self.name
+        let name = place.storeName
         for _ in 0..<4 {
-            guard
-                let (engine, shared) = try place.sharedStore(
-                    known: engine, default: defaultEngine, store: &store, findings: &effects)
-            else { return }
+            guard let (engine, shared) = try place.sharedStore(known: engine, store: &store, findings: &effects) else {
+                return
+            }
             func read(epoch: UInt64, after: UInt64) throws(BrokerError) -> (position: Position, commits: [Commit]) {
                 try EnginePlace.commits(of: shared, epoch: epoch, after: after) {
                     (sequence, record) throws(BrokerError) in
@@ -187,18 +183,21 @@ extension EnginePlace {
     /// The engine (`known`, else the default), and its store as a shared one: `store` when open, else opened now
     /// (a finding, and `store` from then on); nil when the engine does not share its stores.
     func sharedStore<Change>(
-        known: (any StorageEngine)?, default name: String, store: inout (any EngineStore)?,
-        findings: inout [CatchUpFinding<Change>]
+        known: (any StorageEngine)?, store: inout (any EngineStore)?, findings: inout [CatchUpFinding<Change>]
     ) throws(BrokerError) -> (engine: any StorageEngine, shared: any SharedEngineStore)? {
         let engine: any StorageEngine
-        if let known { engine = known } else { engine = try environment.engines.engine(named: name) }
-        var opened: (any EngineStore)?
-        let shared = try sharedStore(engine, current: store, keep: { opened = $0 })
-        if let opened {
+        if let known {
+            engine = known
+        } else {
+            engine = try environment.engines.engine(named: environment.configuration.defaultEngine)
+        }
+        guard Self.isShared(engine) else { return nil }
+        if store == nil {
+            let opened = try open(engine)
             store = opened
             findings.append(.opened(engine, opened))
         }
-        return shared.map { (engine, $0) }
+        return (store as? any SharedEngineStore).map { (engine, $0) }
     }
 
     /// The log's commits of `epoch` after `after`, each decoded by `decode`, and the position the log is at; a

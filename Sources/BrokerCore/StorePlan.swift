@@ -27,25 +27,10 @@ extension ManagedStore {
     static func conflict(_ condition: Condition, epoch: UInt64, sequence: UInt64, store name: String)
         -> BrokerError?
     {
-        let holds: Bool
-        switch condition {
-        case .unconditional: holds = true
-        case .sequence(let expected): holds = expected == sequence
-        case .absent: holds = sequence == 0
-        case .epochSequence(let expectedEpoch, let expected): holds = expectedEpoch == epoch && expected == sequence
-        }
-        if holds { return nil }
+        guard !condition.holds(epoch: epoch, sequence: sequence, absent: sequence == 0) else { return nil }
         let now = sequence == 0 ? "does not exist" : "is at sequence \(sequence) (epoch \(epoch))"
-        return BrokerError(.conflict, "store \(name) \(now); the write expected \(describe(condition))")
-    }
-
-    static func describe(_ condition: Condition) -> String {
-        switch condition {
-        case .unconditional: "nothing"
-        case .sequence(let sequence): "sequence \(sequence)"
-        case .absent: "that it does not exist"
-        case .epochSequence(let epoch, let sequence): "sequence \(sequence) in epoch \(epoch)"
-        }
+        let expected = condition.expectation(absent: "that it does not exist")
+        return BrokerError(.conflict, "store \(name) \(now); the write expected \(expected)")
     }
 
     /// Groups inserting this many items or more are planned on a thread for blocking work (`planningJob`): planning
@@ -129,12 +114,8 @@ extension ManagedStore {
                 }
                 // One operation is atomic whatever the engine; a chain of several is not without SB_CAP_ATOMIC.
                 if case .chain(let chained) = operation, chained.count > 1, !atomic {
-                    plan.outcomes.append(
-                        .failed(
-                            BrokerError(
-                                .notSupported,
-                                "engine \(engineName) cannot apply a chain atomically, so store \(name) refuses chains")
-                        ))
+                    let refusal = "engine \(engineName) cannot apply a chain atomically, so store \(name) refuses chains"
+                    plan.outcomes.append(.failed(BrokerError(.notSupported, refusal)))
                     continue
                 }
                 guard let events = planner.plan(operation, now: now, last: index == writes.count - 1) else {
@@ -156,5 +137,27 @@ extension ManagedStore {
         plan.steps = planner.engineSteps
         plan.insertHints = planner.insertHints
         return plan
+    }
+}
+
+extension Condition {
+    /// Whether it holds for a store or value at `epoch` and `sequence`; `absent`: it does not exist, or is unset.
+    func holds(epoch: UInt64, sequence: UInt64, absent: Bool) -> Bool {
+        switch self {
+        case .unconditional: true
+        case .sequence(let expected): expected == sequence
+        case .absent: absent
+        case .epochSequence(let expectedEpoch, let expected): expectedEpoch == epoch && expected == sequence
+        }
+    }
+
+    /// What a write with this condition expected, as a conflict's message says it (`absent`: how absence is said).
+    func expectation(absent: String) -> String {
+        switch self {
+        case .unconditional: "nothing"
+        case .sequence(let sequence): "sequence \(sequence)"
+        case .absent: absent
+        case .epochSequence(let epoch, let sequence): "sequence \(sequence) in epoch \(epoch)"
+        }
     }
 }

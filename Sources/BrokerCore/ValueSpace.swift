@@ -24,7 +24,6 @@ final class ValueSpace: WriterModel, @unchecked Sendable {
     let namespace: Namespace
     private let environment: StoreEnvironment
     private let sealer: (any ValueSealer)?
-    private let clock: WallClock
 
     struct Entry {
         var sequence: UInt64
@@ -57,7 +56,6 @@ final class ValueSpace: WriterModel, @unchecked Sendable {
         self.namespace = namespace
         self.environment = environment
         self.sealer = sealer
-        clock = environment.configuration.clock
     }
 
     private var isSecure: Bool { namespace == .secureValue }
@@ -89,16 +87,23 @@ final class ValueSpace: WriterModel, @unchecked Sendable {
         return { () throws(BrokerError) in
             var records: [EngineRecord] = []
             let loaded = try place.load(visit: { records.append(EngineRecord($0)) })
-            var values: [String: Entry] = [:]
-            for record in records {
-                let name = String(decoding: record.key, as: UTF8.self)
-                values[name] = try decode(record.payload, name)
-            }
-            return (loaded, values)
+            return (loaded, try Self.values(of: records, decode))
         }
     }
 
     func install(_ values: [String: Entry]) { self.values = values }
+
+    /// The values these records hold, each named by its key.
+    static func values(
+        of records: [EngineRecord], _ decode: (ByteBuffer, String) throws(BrokerError) -> Entry
+    ) throws(BrokerError) -> [String: Entry] {
+        var values: [String: Entry] = [:]
+        for record in records {
+            let name = String(decoding: record.key, as: UTF8.self)
+            values[name] = try decode(record.payload, name)
+        }
+        return values
+    }
 
     /// Loads the namespace now (a shared one is followed from the start, so that every change another broker
     /// makes is announced here).
@@ -218,23 +223,9 @@ final class ValueSpace: WriterModel, @unchecked Sendable {
 
     private func conflict(_ condition: Condition, name: String, entry: Entry?, epoch: UInt64) -> BrokerError? {
         let sequence = entry?.sequence ?? 0
-        let holds: Bool
-        switch condition {
-        case .unconditional: holds = true
-        case .sequence(let expected): holds = expected == sequence
-        case .absent: holds = entry?.value == nil
-        case .epochSequence(let expectedEpoch, let expected): holds = expectedEpoch == epoch && expected == sequence
-        }
-        if holds { return nil }
+        guard !condition.holds(epoch: epoch, sequence: sequence, absent: entry?.value == nil) else { return nil }
         let now = entry?.value == nil ? "is unset (at sequence \(sequence))" : "is set, at sequence \(sequence)"
-        let expected: String
-        switch condition {
-        case .unconditional: expected = "nothing"
-        case .sequence(let expectedSequence): expected = "sequence \(expectedSequence)"
-        case .absent: expected = "it unset"
-        case .epochSequence(let expectedEpoch, let expectedSequence):
-            expected = "sequence \(expectedSequence) in epoch \(expectedEpoch)"
-        }
+        let expected = condition.expectation(absent: "it unset")
         return BrokerError(
             .conflict, "\(isSecure ? "secure value" : "value") \(name) \(now); the write expected \(expected)")
     }
@@ -251,7 +242,7 @@ final class ValueSpace: WriterModel, @unchecked Sendable {
 
     /// Plans each write against the values as the writes before it leave them.
     func plan(_ writes: [Write], engine: any StorageEngine) -> Plan? {
-        let now = clock.milliseconds()
+        let now = environment.configuration.clock.milliseconds()
         var working: [String: Entry] = [:]
         let before = writer.sequence
         var plan = Plan(
@@ -292,16 +283,10 @@ final class ValueSpace: WriterModel, @unchecked Sendable {
 
     /// Each change is one commit of the namespace, its record the change itself.
     func sharedRecords(_ plan: Plan) -> [(sequence: UInt64, record: [UInt8])] {
-        var records: [(sequence: UInt64, record: [UInt8])] = []
-        for (index, step) in plan.steps.enumerated() {
-            guard case .put(let record) = step else { continue }
-            records.append(
-                (
-                    plan.base.sequence + UInt64(index) + 1,
-                    CommitRecord.encodeValue(key: record.key, payload: record.payload)
-                ))
+        plan.steps.enumerated().compactMap { index, step in
+            guard case .put(let record) = step else { return nil }
+            return (plan.base.sequence + UInt64(index) + 1, CommitRecord.encodeValue(key: record.key, payload: record.payload))
         }
-        return records
     }
 
     func publish(_ plan: Plan, applyTook: UInt64) {
@@ -375,9 +360,8 @@ final class ValueSpace: WriterModel, @unchecked Sendable {
 
     func catchUpJob() -> @Sendable () -> ([CatchUpValues.Finding], BrokerError?) {
         let job = CatchUpValues(
-            place: writer.place, engine: writer.engine, defaultEngine: environment.configuration.defaultEngine,
-            engines: environment.engines, store: writer.engineStore, epoch: writer.epoch, commits: writer.sequence,
-            manifest: writer.manifest, decode: decode)
+            place: writer.place, engine: writer.engine, store: writer.engineStore, epoch: writer.epoch,
+            commits: writer.sequence, manifest: writer.manifest, decode: decode)
         return { job.run() }
     }
 
@@ -406,16 +390,11 @@ final class ValueSpace: WriterModel, @unchecked Sendable {
         }
     }
 
-    /// Refuses new writes, finishes the queued ones, then closes the engine store; `done` runs when it is closed.
-    func shutdown(_ done: @escaping () -> Void) { writer.shutdown(done) }
-
     /// A shared namespace's catch-up on a thread for blocking work, as a store's (`CatchUpJob`).
     struct CatchUpValues: @unchecked Sendable {
         // `@unchecked Sendable`: the engine store is the owner's, handed to this job while the writer waits for it.
         let place: EnginePlace
         let engine: (any StorageEngine)?
-        let defaultEngine: String
-        let engines: any EngineProvider
         let store: (any EngineStore)?
         let epoch: UInt64
         let commits: UInt64
@@ -434,9 +413,7 @@ final class ValueSpace: WriterModel, @unchecked Sendable {
             var store = self.store
             var manifest = self.manifest
             for _ in 0..<2 {
-                guard
-                    let (engine, shared) = try place.sharedStore(
-                        known: engine, default: defaultEngine, store: &store, findings: &effects)
+                guard let (engine, shared) = try place.sharedStore(known: engine, store: &store, findings: &effects)
                 else { return }
                 func read(epoch: UInt64, after: UInt64) throws(BrokerError)
                     -> (position: Position, commits: [(name: String, entry: Entry, commit: UInt64)])
@@ -485,11 +462,7 @@ final class ValueSpace: WriterModel, @unchecked Sendable {
             let position = try EnginePlace.engineCall { () throws(EngineFailure) in
                 try shared.load { records.append(EngineRecord($0)) }
             }
-            var values: [String: Entry] = [:]
-            for record in records {
-                let name = String(decoding: record.key, as: UTF8.self)
-                values[name] = try decode(record.payload, name)
-            }
+            let values = try ValueSpace.values(of: records, decode)
             let adopted =
                 position.epoch == 0
                 ? manifest : try place.adopt(engine: engine, existing: manifest, epoch: position.epoch)

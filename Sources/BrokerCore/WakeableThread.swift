@@ -44,7 +44,18 @@ public final class WakeableThread: Sendable {
             return !state.started
         }
         precondition(first, "\(name) started twice")
-        let start = Start(thread: self, name: name, body: body)
+        let name = name
+        let start = Start { [self] in
+            // Named, or it keeps the name of the thread that started it and profiles cannot tell them apart
+            // (`pthread_setname_np` is not visible through Glibc; `/proc/thread-self/comm` is the same name).
+            let comm = open("/proc/thread-self/comm", O_WRONLY)
+            if comm >= 0 {
+                _ = String(name.prefix(15)).utf8CString.withUnsafeBufferPointer { write(comm, $0.baseAddress, $0.count - 1) }
+                close(comm)
+            }
+            body(self)
+            end.happen(())
+        }
         var thread = pthread_t()
         let status = pthread_create(&thread, nil, { context in
             Unmanaged<Start>.fromOpaque(context!).takeRetainedValue().run()
@@ -63,29 +74,10 @@ public final class WakeableThread: Sendable {
         close(wakeWrite)
     }
 
-    /// What the new thread runs: its name, the body, then its end is told.
-    private final class Start: @unchecked Sendable {  // handed to the new thread once
-        let thread: WakeableThread
-        let name: String
-        let body: @Sendable (WakeableThread) -> Void
-
-        init(thread: WakeableThread, name: String, body: @escaping @Sendable (WakeableThread) -> Void) {
-            self.thread = thread
-            self.name = name
-            self.body = body
-        }
-
-        func run() {
-            // Named, or it keeps the name of the thread that started it and profiles cannot tell them apart
-            // (`pthread_setname_np` is not visible through Glibc; `/proc/thread-self/comm` is the same name).
-            let comm = open("/proc/thread-self/comm", O_WRONLY)
-            if comm >= 0 {
-                _ = String(name.prefix(15)).utf8CString.withUnsafeBufferPointer { write(comm, $0.baseAddress, $0.count - 1) }
-                close(comm)
-            }
-            body(thread)
-            thread.end.happen(())
-        }
+    /// What the new thread runs (its name, the body, then its end is told), handed to it as one object.
+    private final class Start: Sendable {
+        let run: @Sendable () -> Void
+        init(_ run: @escaping @Sendable () -> Void) { self.run = run }
     }
 
     /// Whether `stop()` was called: the body is to return.

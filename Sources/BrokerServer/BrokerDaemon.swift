@@ -182,7 +182,7 @@ public final class BrokerDaemon: Sendable {
     /// Happens when `run` has cleaned up: `shutdown()` returns then.
     private let finished = Occurrence<Void>()
     /// `run` is called once.
-    private let ran = Mutex(false)
+    private let ran = Atomic(false)
 
     /// Checks the configuration, locks the data directory and opens the broker; nothing listens yet (`run`).
     /// `signals`: those that begin a graceful shutdown (storebrokerd: SIGTERM and SIGINT; in-process brokers:
@@ -227,7 +227,11 @@ public final class BrokerDaemon: Sendable {
             let engines = LoaderEngineProvider(loader: loader)
             try engines.validate(configuration.broker)
 
-            litter.directories += try DaemonPaths.makeDirectories(dataDirectory)
+            do throws(BrokerError) {
+                litter.directories += try FileOps.makeDirectory(dataDirectory, recursive: true)
+            } catch {
+                throw DaemonError(.dataDirectory, error.message, underlying: error)
+            }
             let entriesBefore = DaemonPaths.entries(of: dataDirectory) ?? []
             lock = try DataDirectoryLock(directory: dataDirectory)
             // Only now are the data directory's files ours to clean up.
@@ -300,11 +304,7 @@ public final class BrokerDaemon: Sendable {
     /// ours) and releases the data directory. Throws when the daemon could not listen; what start-up made is then
     /// removed.
     public func run() async throws(DaemonError) {
-        let first = ran.withLock { ran in
-            defer { ran = true }
-            return !ran
-        }
-        precondition(first, "BrokerDaemon.run() called twice")
+        precondition(!ran.exchange(true, ordering: .relaxed), "BrokerDaemon.run() called twice")
         var failure: DaemonError?
         do {
             try await group.run()
@@ -356,15 +356,18 @@ public final class BrokerDaemon: Sendable {
         configuration: ServerConfiguration, broker: Broker, policy: AccessPolicy, registry: ConnectionRegistry,
         maxConnections: Int, logger: Logger
     ) -> ServerBootstrap {
-        let limits = configuration.limits
-        let subscriberBuffer = configuration.broker.subscriberBuffer
-        let subscriptions = SubscriptionQuota(
-            perConnection: configuration.maxSubscriptions, total: configuration.maxTotalSubscriptions)
-        let budget = ByteBudget(perConnection: configuration.maxConnectionBytes, total: configuration.maxTotalBytes)
-        let timeouts = Timeouts(handshake: configuration.handshakeTimeout, frame: configuration.frameTimeout)
+        let settings = ConnectionHandler.Settings(
+            broker: broker, turn: LoopTurn(broker: broker),
+            machine: .init(
+                limits: configuration.limits,
+                timeouts: Timeouts(handshake: configuration.handshakeTimeout, frame: configuration.frameTimeout),
+                highWatermark: ConnectionHandler.writeBufferWaterMark.high),
+            budget: ByteBudget(perConnection: configuration.maxConnectionBytes, total: configuration.maxTotalBytes),
+            subscriptions: SubscriptionQuota(
+                perConnection: configuration.maxSubscriptions, total: configuration.maxTotalSubscriptions),
+            subscriberBuffer: configuration.broker.subscriberBuffer, registry: registry)
         let acceptTrouble = AcceptTroubleLog(logger: logger)
         let reserve = DescriptorReserve()
-        let turn = LoopTurn(broker: broker)
         return ServerBootstrap(group: broker.owner)
             .serverChannelOption(.backlog, value: Int32(clamping: configuration.listenBacklog))
             .serverChannelInitializer { channel in
@@ -426,10 +429,7 @@ public final class BrokerDaemon: Sendable {
                         peer: Peer(uid: credentials.uid, pid: credentials.pid), grant: grant, clientName: "")
                     return channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(
-                            ConnectionHandler(
-                                broker: broker, turn: turn, limits: limits, subscriberBuffer: subscriberBuffer,
-                                subscriptions: subscriptions, registry: registry, budget: budget, timeouts: timeouts, context: context,
-                                logger: connectionLogger))
+                            ConnectionHandler(settings, context: context, logger: connectionLogger))
                     }
                 }
             }

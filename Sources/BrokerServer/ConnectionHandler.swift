@@ -14,27 +14,31 @@ import Wire
 /// ones, and the connection flushes once when the queue is empty, so one read cycle is one flush however many
 /// requests it carried.
 ///
-/// The writes one read cycle starts go to the loop's `LoopTurn` together when the actions are done: those of the
-/// turn's first connection reach the broker at once, those of the connections after it together at the turn's end
-/// (one group per store), each connection taking what that commit gave it as one event. Answers given outside the
-/// connection's own events (a commit back from a blocking thread, a load) and news of pushes waiting in its
-/// subscriptions are gathered, and one task of the loop takes them for every connection so answered, each as one
-/// event: one flush per batch of answers, not per answer. The pushes are taken first, so what one commit gives a
-/// connection (its event in a subscription and the answer to the write) leaves in one write, the event first: a
-/// client that follows the store it writes to is woken once, with its mirror already showing the write when the
-/// answer arrives.
+/// The writes one read cycle starts go to the loop's `LoopTurn` together when the actions are done, and the
+/// answers and pushes given outside the connection's own events come back through it (see there). The pushes are
+/// taken first, so what one commit gives a connection (its event in a subscription and the answer to the write)
+/// leaves in one write, the event first: a client that follows the store it writes to is woken once, with its
+/// mirror already showing the write when the answer arrives.
 final class ConnectionHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
-    private let broker: Broker
-    private let limits: ServerSession.Limits
-    private let subscriberBuffer: Int
-    private let subscriptions: SubscriptionQuota
-    private let registry: ConnectionRegistry
-    private let budget: ByteBudget
-    private let timeouts: Timeouts
+    /// What every connection of the daemon shares: made once, by the bootstrap.
+    struct Settings: Sendable {
+        var broker: Broker
+        var turn: LoopTurn
+        var machine: ConnectionStateMachine.Configuration
+        var budget: ByteBudget
+        var subscriptions: SubscriptionQuota
+        /// Pushes a subscription may hold before it lags (`--subscriber-buffer`).
+        var subscriberBuffer: Int
+        var registry: ConnectionRegistry
+    }
+
+    private let settings: Settings
+    private var broker: Broker { settings.broker }
+    private var turn: LoopTurn { settings.turn }
     private var requestContext: RequestContext
     private var logger: Logger
     private var context: ChannelHandlerContext?
@@ -44,8 +48,6 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// The writes started by the actions being performed, handed to the loop's turn once they are done.
     private var writes: [BrokerRequest] = []
     private var spareWrites: [BrokerRequest] = []
-    /// Where the loop's connections hand in their writes and say they were answered.
-    private let turn: LoopTurn
     /// This connection has writes in `turn` this turn (`LoopTurn` lists each connection once).
     var writesInTurn = false
     /// This connection waits in `turn` to take its gathered answers.
@@ -75,32 +77,20 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// The channel's write buffer marks (set by the daemon's bootstrap): past `high` the socket counts as full.
     static let writeBufferWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 64 * 1024, high: 256 * 1024)
 
-    init(
-        broker: Broker, turn: LoopTurn, limits: ServerSession.Limits, subscriberBuffer: Int,
-        subscriptions: SubscriptionQuota, registry: ConnectionRegistry, budget: ByteBudget, timeouts: Timeouts,
-        context: RequestContext, logger: Logger
-    ) {
-        self.broker = broker
-        self.turn = turn
-        self.budget = budget
-        self.timeouts = timeouts
+    init(_ settings: Settings, context: RequestContext, logger: Logger) {
+        self.settings = settings
         self.requestContext = context
-        self.limits = limits
-        self.subscriberBuffer = subscriberBuffer
-        self.subscriptions = subscriptions
-        self.registry = registry
         self.logger = logger
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
         let loop = NIOLoopBound(self, eventLoop: context.eventLoop)
-        let subscriberBuffer = subscriberBuffer
+        let subscriberBuffer = settings.subscriberBuffer
         replies = ConnectionReplies(loop: loop)
         machine = ConnectionStateMachine(
-            configuration: .init(
-                limits: limits, timeouts: timeouts, highWatermark: Self.writeBufferWaterMark.high),
-            budget: budget, subscriptions: subscriptions, logger: logger,
+            configuration: settings.machine, budget: settings.budget, subscriptions: settings.subscriptions,
+            logger: logger,
             makeSubscription: { id, namespace, name in
                 Subscription(
                     id: id, namespace: namespace, name: name, capacity: subscriberBuffer,
@@ -130,7 +120,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     // MARK: Events in
 
     func channelActive(context: ChannelHandlerContext) {
-        registry.add(context.channel, goodbye: NIOLoopBound(self, eventLoop: context.eventLoop))
+        settings.registry.add(context.channel, goodbye: NIOLoopBound(self, eventLoop: context.eventLoop))
         event { $0.activate(io: $1) }
         context.fireChannelActive()
     }
@@ -139,7 +129,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         handshakeTimer?.cancel()
         frameTimer?.cancel()
         recheckTimer?.cancel()
-        registry.remove(context.channel)
+        settings.registry.remove(context.channel)
         if let actions = machine?.closed() { perform(actions) }
         logger.debug("connection closed")
         context.fireChannelInactive()

@@ -2,7 +2,7 @@
 import Glibc
 #endif
 import BrokerCore
-import Locking
+import Synchronization
 import Wire
 
 /// File-system checks and set-up for the daemon's socket and data directory (PRODUCT.md "Interfaces").
@@ -14,19 +14,6 @@ public enum DaemonPaths {
         var home = environment["HOME"].flatMap { $0.hasPrefix("/") ? $0 : nil }
         if home == nil, let entry = getpwuid(getuid()), let dir = entry.pointee.pw_dir { home = String(cString: dir) }
         return (home ?? "/") + "/.local/share/storebroker"
-    }
-
-    /// Creates `path` and its missing parents (mode 0700); returns the directories it created, outermost first.
-    static func makeDirectories(_ path: String) throws(DaemonError) -> [String] {
-        var info = stat()
-        if stat(path, &info) == 0 { return [] }
-        let up = parent(of: path)
-        var created = up != path ? try makeDirectories(up) : []
-        guard mkdir(path, 0o700) == 0 || errno == EEXIST else {
-            throw DaemonError.system(.dataDirectory, "cannot create \(path)")
-        }
-        created.append(path)
-        return created
     }
 
     /// The names in `directory` (nil when it cannot be read).
@@ -123,7 +110,7 @@ public enum DaemonPaths {
 /// `flock` on the data directory: one daemon per data directory. Held until `release()` (or deinit).
 final class DataDirectoryLock: Sendable {
     private let fd: Int32
-    private let released = Locked(false)
+    private let released = Atomic(false)
 
     init(directory: String) throws(DaemonError) {
         let path = directory + "/.lock"
@@ -161,11 +148,7 @@ final class DataDirectoryLock: Sendable {
 
     /// Lets another daemon use the directory.
     func release() {
-        let first = released.withLock { released in
-            defer { released = true }
-            return !released
-        }
-        if first { close(fd) }
+        if !released.exchange(true, ordering: .relaxed) { close(fd) }
     }
 
     deinit { release() }

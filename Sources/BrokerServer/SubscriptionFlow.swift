@@ -25,8 +25,6 @@ struct SubscriptionFlow {
         self.make = make
     }
 
-    var count: Int { subscriptions.count }
-
     subscript(id: UInt32) -> Subscription? { subscriptions[id] }
 
     /// A new subscription, within this connection's cap and the daemon's total; its pushes wait for `flow(_:)`.

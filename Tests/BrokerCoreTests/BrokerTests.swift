@@ -232,8 +232,8 @@ private func sequence(of result: Result<BrokerAnswer, BrokerError>) -> UInt64? {
             #expect(try await retired(empty))
             #expect(try await !retired(empty), "retired twice")
             #expect(engine.state.withLock { $0.applies.count } == 1)  // the one write to "written"
-            await withCheckedContinuation { c in owner.execute { written.shutdown { c.resume() } } }
-            await withCheckedContinuation { c in owner.execute { watched.shutdown { c.resume() } } }
+            await withCheckedContinuation { c in owner.execute { written.writer.shutdown { c.resume() } } }
+            await withCheckedContinuation { c in owner.execute { watched.writer.shutdown { c.resume() } } }
         }
     }
 
@@ -699,7 +699,7 @@ private final class Answers: @unchecked Sendable {
     }
 
     /// For a nonblocking engine the owner commits queued groups one after another until they reach
-    /// `ManagedStore.inlineItems` items, then serves its other work before it goes on: a read handed in behind them
+    /// `PlaceWriter.inlineItems` items, then serves its other work before it goes on: a read handed in behind them
     /// is answered before the writes queued after them are committed. One write per group here, so the groups are
     /// known; each is small enough to be planned on the owner.
     @Test func theOwnerCommitsWithinABudgetBeforeServingOtherWork() async throws {
@@ -710,7 +710,7 @@ private final class Answers: @unchecked Sendable {
             let answers = Answers()
             let seen = Mutex<UInt64?>(nil)
             let size = ManagedStore.offOwnerItems - 1
-            let batches = (ManagedStore.inlineItems + size - 1) / size  // reach the budget
+            let batches = (PlaceWriter<ManagedStore>.inlineItems + size - 1) / size  // reach the budget
             broker.owner.execute {
                 var requests = [BrokerRequest(.write(store: "s", .insert([item("b")]))) { answers.add(0, $0) }]
                 for batch in 0..<batches {

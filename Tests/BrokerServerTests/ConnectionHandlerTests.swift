@@ -69,12 +69,15 @@ final class Outbound {
             let broker = try Broker(
                 configuration: BrokerConfiguration(dataDirectory: directory), engines: NoEngines(), owner: loop,
                 blocking: NoThreads(), logger: logger)
-            let handler = ConnectionHandler(
-                broker: broker, turn: LoopTurn(broker: broker), limits: ServerSession.Limits(), subscriberBuffer: 16,
-                subscriptions: SubscriptionQuota(perConnection: 1024, total: 65536), registry: ConnectionRegistry(),
+            let settings = ConnectionHandler.Settings(
+                broker: broker, turn: LoopTurn(broker: broker),
+                machine: .init(
+                    limits: ServerSession.Limits(), timeouts: Timeouts(handshake: handshake, frame: frame),
+                    highWatermark: ConnectionHandler.writeBufferWaterMark.high),
                 budget: ByteBudget(perConnection: 1 << 20, total: 1 << 24),
-                timeouts: Timeouts(handshake: handshake, frame: frame),
-                context: .owner, logger: logger)
+                subscriptions: SubscriptionQuota(perConnection: 1024, total: 65536), subscriberBuffer: 16,
+                registry: ConnectionRegistry())
+            let handler = ConnectionHandler(settings, context: .owner, logger: logger)
             let channel = EmbeddedChannel(handler: handler, loop: loop)
             try await channel.connect(to: SocketAddress(unixDomainSocketPath: "/tmp/test.sock")).get()
             try body(channel, Outbound())
