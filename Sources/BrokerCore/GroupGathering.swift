@@ -13,10 +13,11 @@ import Glibc
 /// it would save is never worth it) and never more than `--max-group-wait`, and only for submitters that have nothing
 /// queued. A lone client, a store whose applies are fast (the memory engine, sqlite `NORMAL`) and pipelined
 /// clients with writes already queued never wait. Nor does a writer that has just answered `largeGroup` clients
-/// or more: its slow apply was mostly their writes, not the fsync a wait would share, and the last of many
-/// clients comes back late (each loop answers and reads them one by one), so the writer would sit idle while
-/// most of them already wait (sqlite, 50 clients each waiting for its answer: 33,000 inserts/s waiting against
-/// 39,000 not at `FULL`, 40,000 against 47,000 at `NORMAL`; 4 clients at `FULL`: 8,800 against 7,900).
+/// or more (its slow apply was mostly their writes, not the fsync a wait would share), nor one with `largeGroup`
+/// writes already queued (the next group is large without the ones it would wait for): with many clients, the
+/// last of them comes back late and the writer would sit idle while most of them already wait (sqlite `FULL`, 50
+/// clients each waiting for its answer: 21,000-22,000 inserts/s waiting against 25,000-27,000 not; 4 clients:
+/// 7,400-8,400 against 4,700-6,000).
 struct GroupGathering {
     /// Applies faster than this are not worth waiting for.
     static let slowApply: UInt64 = 100_000
@@ -48,11 +49,11 @@ struct GroupGathering {
         for write in queued where !awaiting.isEmpty { awaiting.remove(write.submitter) }
     }
 
-    /// Before the next group: how long, at most `maximum` nanoseconds, the writer should wait for the submitters
-    /// it has just answered (nil: not at all). The writer then waits until `submitted(by:)` says the group is whole
-    /// or the time is up.
-    mutating func beginWait(maximum: UInt64) -> UInt64? {
-        guard !awaiting.isEmpty, lastApply >= Self.slowApply, maximum > 0 else { return nil }
+    /// Before the next group, with `queued` writes waiting: how long, at most `maximum` nanoseconds, the writer
+    /// should wait for the submitters it has just answered (nil: not at all). The writer then waits until
+    /// `submitted(by:)` says the group is whole or the time is up.
+    mutating func beginWait(maximum: UInt64, queued: Int) -> UInt64? {
+        guard !awaiting.isEmpty, lastApply >= Self.slowApply, maximum > 0, queued < Self.largeGroup else { return nil }
         writerWaits = true
         return min(lastApply, maximum)
     }

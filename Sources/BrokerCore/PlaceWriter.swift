@@ -438,7 +438,7 @@ final class PlaceWriter<Model: WriterModel> {
         guard !stopping, pending.count < limits.maxGroupCommit, let capabilities,
             !capabilities.contains(.nonblocking)
         else { return nil }
-        return gathering.beginWait(maximum: limits.maxGroupWait)
+        return gathering.beginWait(maximum: limits.maxGroupWait, queued: pending.count)
     }
 
     /// The next group: the writes up to the next one that goes alone, at most `--max-group-commit` (one for an

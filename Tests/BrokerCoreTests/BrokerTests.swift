@@ -549,7 +549,7 @@ private final class Answers: @unchecked Sendable {
         // Slow: the four answered are awaited; the wait is as long as the apply; the last to come back ends it.
         gathering.committed(writes([1, 2, 3, 4]), applyTook: 400_000, queued: writes([]))
         #expect(gathering.submitted(by: 1) == false)
-        #expect(gathering.beginWait(maximum: 1_000_000) == 400_000)
+        #expect(gathering.beginWait(maximum: 1_000_000, queued: 0) == 400_000)
         #expect(gathering.submitted(by: 9) == false)
         #expect(gathering.submitted(by: 2) == false)
         #expect(gathering.submitted(by: 3) == false)
@@ -558,25 +558,30 @@ private final class Answers: @unchecked Sendable {
         // Capped; a writer with writes still queued is not waited for.
         gathering.committed(writes([1, 2]), applyTook: 50_000_000, queued: writes([2]))
         #expect(gathering.awaiting == [1])
-        #expect(gathering.beginWait(maximum: 1_000_000) == 1_000_000)
+        #expect(gathering.beginWait(maximum: 1_000_000, queued: 0) == 1_000_000)
         gathering.endWait()
         #expect(gathering.awaiting.isEmpty)
         // A lone writer that came back, and any apply faster than an fsync: no wait.
         gathering.committed(writes([1]), applyTook: 400_000, queued: writes([]))
         #expect(gathering.submitted(by: 1) == false)
-        #expect(gathering.beginWait(maximum: 1_000_000) == nil)
+        #expect(gathering.beginWait(maximum: 1_000_000, queued: 0) == nil)
         gathering.committed(writes([1, 2, 3]), applyTook: 20_000, queued: writes([]))
-        #expect(gathering.beginWait(maximum: 1_000_000) == nil)
+        #expect(gathering.beginWait(maximum: 1_000_000, queued: 0) == nil)
         // A group of `largeGroup` clients or more: no wait (its apply was mostly their writes).
         gathering.committed(writes(Array(1...8)), applyTook: 400_000, queued: writes([]))
         #expect(gathering.awaiting.isEmpty)
-        #expect(gathering.beginWait(maximum: 1_000_000) == nil)
+        #expect(gathering.beginWait(maximum: 1_000_000, queued: 0) == nil)
         gathering.committed(writes(Array(1...7) + [7, 7]), applyTook: 400_000, queued: writes([]))
-        #expect(gathering.beginWait(maximum: 1_000_000) == 400_000)
+        #expect(gathering.beginWait(maximum: 1_000_000, queued: 0) == 400_000)
+        gathering.endWait()
+        // `largeGroup` writes already queued: the next group is large without them, no wait.
+        gathering.committed(writes([1, 2, 3]), applyTook: 400_000, queued: writes([]))
+        #expect(gathering.beginWait(maximum: 1_000_000, queued: GroupGathering.largeGroup) == nil)
+        #expect(gathering.beginWait(maximum: 1_000_000, queued: GroupGathering.largeGroup - 1) == 400_000)
         gathering.endWait()
         // --max-group-wait 0: never.
         gathering.committed(writes([1, 2, 3]), applyTook: 400_000, queued: writes([]))
-        #expect(gathering.beginWait(maximum: 0) == nil)
+        #expect(gathering.beginWait(maximum: 0, queued: 0) == nil)
     }
 
     /// The writes one read cycle of a connection produced reach the store's writer in one hand-off, so they
