@@ -4,6 +4,7 @@ import Glibc
 import Foundation
 import Locking
 import NIOCore
+import Synchronization
 import Wire
 
 /// A client of the broker: one connection, opened on first use and opened again after the broker restarts.
@@ -36,9 +37,20 @@ public final class BrokerClient: Sendable {
     /// The loop every connection of this client (of the process) is served on.
     let eventLoop: any EventLoop
     private let current = Locked<BrokerConnection?>(nil)
+    /// Connections this client tried to open.
+    package let connectAttempts = Atomic<Int>(0)
 
-    /// The client of the default socket, for the property wrappers' defaults (`@StoredValue(key:)`).
-    public static let shared = BrokerClient()
+    /// The client the property wrappers use when given none (`@RemoteStoredValue(key:)`): inside
+    /// `withTemporaryBroker` (and its task's child tasks) the temporary broker's client, so that a test cannot
+    /// write into the user's real broker by accident; elsewhere `processDefault`. A wrapper keeps the client it
+    /// was made with: one made outside the scope uses `processDefault` inside it too.
+    public static var shared: BrokerClient { scoped ?? processDefault }
+
+    /// The client of the default socket (`STOREBROKER_SOCKET`, `XDG_RUNTIME_DIR`, `/tmp`), made on first use.
+    public static let processDefault = BrokerClient()
+
+    /// What `shared` is within a scope (`withTemporaryBroker` sets it for its body).
+    @TaskLocal package static var scoped: BrokerClient?
 
     /// `socketPath` defaults to the broker's own rule (`STOREBROKER_SOCKET`, `XDG_RUNTIME_DIR`, `/tmp`).
     public init(
@@ -63,6 +75,7 @@ public final class BrokerClient: Sendable {
     /// costs two.
     public nonisolated(nonsending) func connection() async throws(StoreBrokerError) -> BrokerConnection {
         if let open = current.withLock({ $0 }), open.isOpen { return open }
+        connectAttempts.add(1, ordering: .relaxed)
         let fresh = try await BrokerConnection.connect(
             socketPath: socketPath, clientName: clientName, handshakeTimeout: connectTimeout)
         let kept = current.withLock { current -> BrokerConnection in

@@ -18,7 +18,9 @@ import StoreBrokerClient
 /// }
 /// ```
 ///
-/// `body` runs on the caller's actor (a `@MainActor` test may touch its main-actor state in it).
+/// `body` runs on the caller's actor (a `@MainActor` test may touch its main-actor state in it). Within it,
+/// `BrokerClient.shared` is this broker's client: a property wrapper made there without a client
+/// (`@RemoteStoredValue(key:)`) uses the temporary broker, never the user's real one.
 public func withTemporaryBroker<T>(
     engine: String = "sqlite", logger: Logger = Logger(label: "storebroker.testing", factory: { _ in SwiftLogNoOpLogHandler() }),
     configure: @Sendable (inout ServerConfiguration) -> Void = { _ in },
@@ -27,7 +29,8 @@ public func withTemporaryBroker<T>(
 ) async throws -> T {
     let broker = try await TemporaryBroker(engine: engine, logger: logger, configure: configure)
     do {
-        let result = try await body(broker.client)
+        let result = try await BrokerClient.$scoped.withValue(
+            broker.client, operation: { try await body(broker.client) }, isolation: isolation)
         await broker.remove()
         return result
     } catch {

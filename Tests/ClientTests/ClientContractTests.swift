@@ -195,6 +195,26 @@ private func nowhere() -> String { "/tmp/storebroker-nowhere-\(UInt64.random(in:
         }
     }
 
+    /// Inside `withTemporaryBroker`, a property wrapper made without a client (Boutique's spelling) writes into
+    /// the temporary broker, and the process's default client (the user's real broker, at `STOREBROKER_SOCKET`)
+    /// is never even asked to connect; outside, `shared` is that default again.
+    @Test func wrappersWithoutAClientUseTheTemporaryBrokerNeverTheRealOne() async throws {
+        let attemptsBefore = BrokerClient.processDefault.connectAttempts.load(ordering: .relaxed)
+        try await withTemporaryBroker(engine: "memory") { client in
+            #expect(BrokerClient.shared === client)
+            let answer = RemoteStoredValue(wrappedValue: 0, key: "answer")
+            try await answer.projectedValue.set(42)
+            let token = RemoteSecurelyStoredValue<String>(key: "token")
+            try await token.projectedValue.set("s3cr3t")
+            #expect(await Task { BrokerClient.shared }.value === client, "a child task left the scope")
+            let check = try await RemoteValue<Int>(client: client, loading: "answer", default: 0)
+            #expect(check.value == 42)
+            check.close()
+        }
+        #expect(BrokerClient.shared === BrokerClient.processDefault)
+        #expect(BrokerClient.processDefault.connectAttempts.load(ordering: .relaxed) == attemptsBefore)
+    }
+
     @Test func asyncInitItemByIdConditionalWritesAndWaitingForASequence() async throws {
         try await withTemporaryBroker(engine: "memory") { client in
             let notes = try await RemoteStore<AppNote>(client: client, loading: "notes")
