@@ -75,7 +75,14 @@ guard let path else { fail("no engine file given\n\(usage)", 64) }
 let engine: LoadedEngine
 do {
     let absolute = path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
-    engine = try EngineLoader(searchPath: EngineSearchPath(directories: [])).load(path: absolute)
+    // Held to the name storebrokerd loads it by, its file's: what the checker passes, the daemon loads.
+    let fileName = String(absolute.split(separator: "/").last ?? "")
+    guard let name = EngineSearchPath.engineName(inFileName: fileName) else {
+        fail(
+            "cannot load \(path): storebrokerd finds an engine NAME as libstorebroker-engine-NAME.so, and would never "
+                + "load this file", 2)
+    }
+    engine = try EngineLoader(searchPath: EngineSearchPath(directories: [])).load(path: absolute, expectedName: name)
 } catch {
     fail("cannot load \(path): \(error.description)", 2)
 }

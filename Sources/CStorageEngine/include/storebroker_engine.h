@@ -2,9 +2,10 @@
  * storebroker storage engine ABI, version 2.1 (docs/ENGINE-ABI.md "Versions" lists what each version changed).
  *
  * A storage engine is a shared library named libstorebroker-engine-NAME.so that exports one symbol,
- * `storebroker_engine_entry`, returning a table of function pointers. The daemon (the "host") loads it with
- * dlopen(path, RTLD_NOW | RTLD_LOCAL), checks the table's ABI version and size, and from then on calls only
- * through the table. docs/ENGINE-ABI.md explains how to write an engine; examples/c-engine is one in C.
+ * `storebroker_engine_entry`, returning a table of function pointers. The daemon (the "host") opens the file,
+ * checks it (owner, permissions, ELF header) through its descriptor N, loads that very descriptor with
+ * dlopen("/proc/self/fd/N", RTLD_NOW | RTLD_LOCAL) (docs/ENGINE-ABI.md "Naming and finding engines"), checks
+ * the table's ABI version, size and name (NAME), and from then on calls only through the table. docs/ENGINE-ABI.md explains how to write an engine; examples/c-engine is one in C.
  *
  * Rules that hold for the whole ABI:
  *
@@ -82,10 +83,10 @@ enum {
 /* Capability bits (`capabilities`). */
 enum {
     SB_CAP_PERSISTENT = 1u << 0, /* data survives close and reopen (a memory engine does not set it) */
-    /* `apply` is all-or-nothing. Without it the host gives such an engine one request per apply (no group
-       commit) and refuses chains of more than one operation (`notSupported`); a request of several steps (a
-       batch insert, a removeAll) is still one apply, and if that apply fails partway, what the engine kept of
-       it shows after the store's next open (the host's memory keeps the last successful state until then). */
+    /* `apply` is all-or-nothing across a crash too. (An apply that returns an error leaves nothing, for every
+       engine.) Without it, a process killed during an apply may leave part of it, shown after the store's next
+       open: the host gives such an engine one request per apply (no group commit) and refuses chains of more
+       than one operation (`notSupported`). */
     SB_CAP_ATOMIC = 1u << 1,
     /* ABI 1.1: `apply` never waits (no I/O, no lock another process holds) and takes time proportional to its
        steps; the host may then call it from its event loop, sparing a thread hand-off per commit. */
@@ -202,7 +203,7 @@ struct storebroker_engine {
     uint64_t capabilities;
 
     /* The option keys `open` and `drop` accept, as a NULL-terminated array of static strings. The host refuses
-     * to start with an option the engine does not list. Every engine should accept "fail_after_steps" (for the
+     * to start with an option the engine does not list. Every engine must accept "fail_after_steps" (for the
      * conformance suite: an apply whose steps number more than N fails with SB_ERR_INJECTED where step N+1
      * (counted from 1 within that apply, reset for each apply) would run, leaving nothing behind; applies of N
      * steps or fewer succeed; N = 0 fails every apply that has a step). */
