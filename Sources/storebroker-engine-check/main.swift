@@ -7,11 +7,13 @@ import TestSupport
 //
 // Runs the engine conformance suite (docs/ENGINE-ABI.md "Checking an engine") against any engine file and prints
 // one line per property: ok, FAIL with what was seen, or skip with why. Exit status: 0 when every property
-// holds, 1 when one fails, 2 when the engine cannot be loaded, 64 for a usage error. Hand-parsed (no
-// ArgumentParser) so that the child it spawns of itself starts fast.
+// holds, 1 when one fails, 2 when the engine cannot be loaded, 64 for a usage error. Each property runs in a
+// child process of its own (`--property-child`), so that an engine that crashes or hangs fails that property
+// and never takes the checker down. Hand-parsed (no ArgumentParser) so that the children start fast.
 
 let usage = """
     usage: storebroker-engine-check PATH.so [--option KEY=VALUE ...] [--only PROPERTY ...] [--rounds N] [--big-apply N]
+                                    [--timeout SECONDS]
            storebroker-engine-check --list
     Checks a storebroker storage engine against the engine ABI's contract, property by property.
 
@@ -40,6 +42,10 @@ var options: [String: String] = [:]
 var only: [String] = []
 var rounds = 4
 var bigApply = 50_000
+/// How long one property may take before its engine counts as hung.
+var timeout = 600.0
+/// Set in the child that runs one property for the parent.
+var childProperty: String?
 while !arguments.isEmpty {
     let argument = arguments.removeFirst()
     func value() -> String {
@@ -62,6 +68,11 @@ while !arguments.isEmpty {
     case "--rounds":
         guard let n = Int(value()), n >= 1 else { fail("--rounds takes a whole number of at least 1", 64) }
         rounds = n
+    case "--timeout":
+        guard let seconds = Double(value()), seconds > 0 else { fail("--timeout takes a number of seconds above 0", 64) }
+        timeout = seconds
+    case "--property-child":
+        childProperty = value()
     case "--big-apply":
         guard let n = Int(value()), n >= 1 else { fail("--big-apply takes a whole number of at least 1", 64) }
         bigApply = n
@@ -72,9 +83,9 @@ while !arguments.isEmpty {
 }
 guard let path else { fail("no engine file given\n\(usage)", 64) }
 
+let absolute = path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
 let engine: LoadedEngine
 do {
-    let absolute = path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
     // Held to the name storebrokerd loads it by, its file's: what the checker passes, the daemon loads.
     let fileName = String(absolute.split(separator: "/").last ?? "")
     guard let name = EngineSearchPath.engineName(inFileName: fileName) else {
@@ -88,12 +99,67 @@ do {
 }
 guard let checker = EngineSearchPath.currentExecutablePath() else { fail("cannot find my own executable", 2) }
 
-print("engine \(engine.name) \(engine.version), ABI \(engine.abiMajor).\(engine.abiMinor), \(engine.path)")
 let setup = Setup(options: options, checker: checker, rounds: rounds, bigApply: bigApply)
+
+if let childProperty {
+    // The child that runs one property: its outcome's kind on the first line, the reason or message after it.
+    guard let property = Conformance.properties.first(where: { $0.name == childProperty }) else {
+        fail("no property \(childProperty.debugDescription)", 64)
+    }
+    switch await Conformance.check(property, engine, setup: setup) {
+    case .passed: print("ok")
+    case .skipped(let reason): print("skip\n\(reason)")
+    case .failed(let message): print("fail\n\(message)")
+    }
+    exit(0)
+}
+
+/// Runs `property` in a child of its own: what it found, or that the engine crashed or hung.
+@MainActor func checkAlone(_ property: Property, in directory: String) async -> Outcome {
+    var childArguments = [
+        checker, absolute, "--property-child", property.name, "--rounds", "\(rounds)", "--big-apply", "\(bigApply)",
+    ]
+    for (key, value) in options.sorted(by: { $0.key < $1.key }) { childArguments += ["--option", "\(key)=\(value)"] }
+    var environment = ProcessInfo.processInfo.environment
+    // The parent reports a crash; Swift's backtracer, symbolicating one, sometimes never finished.
+    environment["SWIFT_BACKTRACE"] = "enable=no"
+    let child: ChildProcess
+    do {
+        child = try ChildProcess(
+            childArguments, stdoutPath: directory + "/\(property.name).out",
+            stderrPath: directory + "/\(property.name).err", in: directory, environment: environment)
+    } catch {
+        return .failed("cannot start the child process that runs it: \(error)")
+    }
+    let started = Date()
+    let status = await child.wait(atMost: timeout)
+    let output = child.stdout
+    if status == 0, let newline = output.firstIndex(of: "\n") {
+        let detail = output[output.index(after: newline)...].trimmingCharacters(in: .newlines)
+        switch output[..<newline] {
+        case "ok": return .passed
+        case "skip": return .skipped(detail)
+        case "fail": return .failed(detail)
+        default: break
+        }
+    }
+    let said = child.stderr.split(separator: "\n").suffix(3).joined(separator: " | ")
+    let why = said.isEmpty ? "" : " (its last words: \(said))"
+    if Date().timeIntervalSince(started) >= timeout {
+        return .failed("no result within \(Int(timeout)) s: the engine hangs, and was killed (--timeout)\(why)")
+    }
+    if status > 128 { return .failed("the engine crashed (signal \(status - 128))\(why)") }
+    return .failed("the child process that ran it exited with status \(status)\(why)")
+}
+
+print("engine \(engine.name) \(engine.version), ABI \(engine.abiMajor).\(engine.abiMinor), \(engine.path)")
 var failed = 0
+let work = FileManager.default.temporaryDirectory.appendingPathComponent("sb-check-\(getpid())").path
+try? FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+defer { try? FileManager.default.removeItem(atPath: work) }
 for property in Conformance.properties where only.isEmpty || only.contains(property.name) {
     let started = Date()
-    let outcome = await Conformance.check(property, engine, setup: setup)
+    let outcome = await checkAlone(property, in: work)
     let time = String(format: "%.2f s", Date().timeIntervalSince(started))
     switch outcome {
     case .passed: print("ok    \(property.name) (\(time))")
@@ -104,4 +170,5 @@ for property in Conformance.properties where only.isEmpty || only.contains(prope
     }
 }
 print(failed == 0 ? "every property holds" : "\(failed) propert\(failed == 1 ? "y" : "ies") failed")
+try? FileManager.default.removeItem(atPath: work)
 exit(failed == 0 ? 0 : 1)

@@ -43,6 +43,41 @@ extension Integration {
             }
         }
 
+        /// An engine that crashes under the checker fails the property it was running, saying so, and one that
+        /// hangs fails it after `--timeout`: each property runs in a child process, so the checker itself goes on
+        /// with the next property and exits 1.
+        @Test func anEngineThatCrashesOrHangsFailsItsPropertyNotTheChecker() async throws {
+            try await withTemporaryDirectory { directory in
+                func build(_ source: String, _ output: String, defines: [String] = []) async throws {
+                    let status = try await runCommand(
+                        ["/usr/bin/cc", "-std=c11", "-O2", "-shared", "-fPIC"] + defines
+                            + ["-I", repositoryRoot + "/Sources/CStorageEngine/include", "-o", output,
+                               repositoryRoot + "/Tests/engines/" + source], in: directory)
+                    try #require(status == 0)
+                }
+                let crashing = directory + "/libstorebroker-engine-crashing.so"
+                try await build("crashing-engine.c", crashing)
+                var environment = ProcessInfo.processInfo.environment
+                environment["STOREBROKER_TEST_CRASH_AFTER"] = "0"  // its first apply segfaults
+                let crashed = try ChildProcess(
+                    [Self.checker, crashing, "--only", "reads-after-puts", "--only", "describes-itself"],
+                    stdoutPath: directory + "/crashed.out", stderrPath: directory + "/crashed.err", in: directory,
+                    environment: environment)
+                #expect(await crashed.wait(atMost: 120) == 1, "\(crashed.stdout)\(crashed.stderr)")
+                #expect(crashed.stdout.contains("ok    describes-itself"), "\(crashed.stdout)")
+                #expect(crashed.stdout.contains("FAIL  reads-after-puts: the engine crashed (signal 11)"), "\(crashed.stdout)")
+
+                let hanging = directory + "/libstorebroker-engine-broken.so"
+                try await build("broken-engine.c", hanging, defines: ["-DBREAK_HANGS"])
+                let hung = try await runProgram(
+                    [Self.checker, hanging, "--only", "reads-after-puts", "--only", "describes-itself", "--timeout", "3"],
+                    in: directory)
+                #expect(hung.status == 1, "\(hung.stdout)\(hung.stderr)")
+                #expect(hung.stdout.contains("FAIL  reads-after-puts: no result within 3 s"), "\(hung.stdout)")
+                #expect(hung.stdout.contains("ok    describes-itself") && hung.stdout.contains("1 property failed"))
+            }
+        }
+
         /// The checker holds an engine to the name the daemon will load it by (its file's): an engine that calls
         /// itself otherwise, or a file the daemon would never find, is refused as the daemon refuses it.
         @Test func theCheckerRefusesWhatTheDaemonWouldNotLoad() async throws {

@@ -7,6 +7,7 @@
  *   -DBREAK_IGNORES_STOPPED      a scan goes on when the sink asks to stop, and returns SB_OK
  *   -DBREAK_ACCEPTS_BAD_OPTIONS  check_options accepts anything; open ignores a bad fail_after_steps
  *   -DBREAK_CUTS_KEYS            keys longer than 255 bytes are cut to 255
+ *   -DBREAK_HANGS                a scan never returns
  *
  * The checker must fail each and name the property (Tests/IntegrationTests/EngineCheckTests.swift). */
 #define storebroker_engine_entry c_example_entry
@@ -131,6 +132,13 @@ static int32_t broken_scan(sb_store *store, sb_item_sink sink, void *context, sb
 }
 #endif
 
+#if defined(BREAK_HANGS)
+static int32_t broken_scan(sb_store *store, sb_item_sink sink, void *context, sb_error *error) {
+    (void)store, (void)sink, (void)context, (void)error;
+    for (;;) pause();
+}
+#endif
+
 #if defined(BREAK_ACCEPTS_BAD_OPTIONS)
 static int32_t broken_check_options(const storebroker_engine *engine, const sb_option *options, size_t option_count,
                                     sb_error *error) {
@@ -173,7 +181,7 @@ static void broken_init(void) {
     broken.scan = broken_scan;
     broken.count = broken_count;
     broken.close = broken_close;
-#elif defined(BREAK_IGNORES_STOPPED)
+#elif defined(BREAK_IGNORES_STOPPED) || defined(BREAK_HANGS)
     broken.scan = broken_scan;
 #elif defined(BREAK_ACCEPTS_BAD_OPTIONS)
     broken.check_options = broken_check_options;
