@@ -5,31 +5,35 @@ import Observation
 import OrderedStorage
 import StoreModel
 
-/// What happened to a `RemoteStore`'s items (Boutique's `StoreEvent`).
+/// What happened to a `RemoteStore`'s items (Boutique's `StoreEvent`, with the same four operations: a
+/// Boutique-style exhaustive `switch` over `operation` compiles).
 public struct StoreEvent<Item: Sendable>: Sendable {
     public enum Operation: Hashable, Sendable {
         /// The stream started; nothing is loaded yet (`items` is empty).
         case initialized
-        /// The items as loaded (first load, after the broker lost this client's history, or after `lagged`).
+        /// The items as loaded: the first load, after the broker lost this client's history, or after this
+        /// stream's reader fell behind (`afterLag`).
         case loaded
         /// Items inserted or replaced.
         case insert
         /// Items removed (a `removeAll` removes every item; a dropped store removes what it held).
         case remove
-        /// This stream's reader fell more than the client's `eventBuffer` events behind: the events it had not
-        /// read are gone, and a `loaded` with every item (at `sequence`) follows. Other streams are unaffected.
-        case lagged
     }
 
     public var operation: Operation
     public var items: [Item]
     /// The broker's sequence of the commit (0 for `initialized`).
     public var sequence: UInt64
+    /// This `loaded` replaces events its stream's reader did not take: it fell more than the client's
+    /// `eventBuffer` events behind, and those events are gone (other streams are unaffected). `items` is every
+    /// item at `sequence`, so a reader that rebuilds from `loaded` misses nothing.
+    public var afterLag: Bool
 
-    @usableFromInline init(operation: Operation, items: [Item], sequence: UInt64) {
+    @usableFromInline init(operation: Operation, items: [Item], sequence: UInt64, afterLag: Bool = false) {
         self.operation = operation
         self.items = items
         self.sequence = sequence
+        self.afterLag = afterLag
     }
 }
 
@@ -476,14 +480,11 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
         }
     }
 
-    /// A stream whose reader is `eventBuffer` events behind: what it has not read is replaced by `lagged` and
-    /// the items as they are now (this commit included: no later event is in its place yet).
+    /// A stream whose reader is `eventBuffer` events behind: what it has not read is replaced by a `loaded` of
+    /// the items as they are now (`afterLag`; this commit included: no later event is in its place yet).
     @usableFromInline func lag(_ feed: BoundedStream<StoreEvent<Item>, Never>.Feed) {
         let (items, at) = state.withLock { ($0.items(), $0.sequence) }
-        feed.replaceUnread(with: [
-            StoreEvent(operation: .lagged, items: [], sequence: at),
-            StoreEvent(operation: .loaded, items: items, sequence: at),
-        ])
+        feed.replaceUnread(with: [StoreEvent(operation: .loaded, items: items, sequence: at, afterLag: true)])
     }
 
     /// Changes the mirror under the lock, telling observers of `items` and `sequence` (one key, see `itemsKey`)

@@ -44,7 +44,7 @@ enum NotesDemo {
             var seen = 0
             for await event in notes.events {
                 switch event.operation {
-                case .initialized, .loaded, .lagged: continue
+                case .initialized, .loaded: continue
                 case .insert: say("insert \(event.items.map { "\($0.id)=\($0.text)\($0.done ? " (done)" : "")" }.joined(separator: ", "))")
                 case .remove: say("remove \(event.items.map(\.id).joined(separator: ", "))")
                 }
