@@ -311,7 +311,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     /// Every change from now on: `initialized`, then `loaded` (at once if already loaded), then one event per
     /// step of each commit. A stream ends when the store is closed. A reader more than the client's
-    /// `eventBuffer` events behind gets `lagged` and a fresh `loaded` instead of what it missed.
+    /// `eventBuffer` events behind gets a fresh `loaded` (`afterLag`) instead of what it missed.
     public var events: BoundedStream<StoreEvent<Item>, Never> {
         let key = state.withLock { mirror -> UInt64 in
             mirror.nextStream += 1
