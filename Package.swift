@@ -224,6 +224,8 @@ let package = Package(
         .executableTarget(name: "notes-demo", dependencies: ["StoreBrokerClient"], path: "examples/notes-demo"),
         // The README's client snippet, verbatim (top-level code): Tests/IntegrationTests compares the two and runs it.
         .executableTarget(name: "readme-client", dependencies: ["StoreBrokerClient"], path: "examples/readme-client"),
+        // docs/FROM-BOUTIQUE.md's snippets, compiled (ExampleTests checks that the document shows them as they are).
+        .target(name: "FromBoutique", dependencies: ["StoreBrokerClient", "StoreBrokerTesting"], path: "examples/from-boutique"),
         .executableTarget(
             name: "storebroker-benchmark",
             dependencies: [

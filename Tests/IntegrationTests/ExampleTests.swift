@@ -42,6 +42,32 @@ extension Integration {
             }
         }
 
+        /// Every Swift snippet of docs/FROM-BOUTIQUE.md is the region of examples/from-boutique/FromBoutique.swift
+        /// of its name (`// snippet: NAME` to `// end: NAME`), indented alike: the package compiles what the page shows.
+        @Test func fromBoutiqueShowsCompiledSnippets() throws {
+            let page = try String(contentsOfFile: repositoryRoot + "/docs/FROM-BOUTIQUE.md", encoding: .utf8)
+            let source = try String(
+                contentsOfFile: repositoryRoot + "/examples/from-boutique/FromBoutique.swift", encoding: .utf8)
+            func dedented(_ lines: [Substring]) -> String {
+                let indent = lines.filter { !$0.allSatisfy(\.isWhitespace) }.map { $0.prefix { $0 == " " }.count }.min() ?? 0
+                return lines.map { $0.count >= indent ? String($0.dropFirst(indent)) : "" }.joined(separator: "\n")
+            }
+            let marked = page.components(separatedBy: "<!-- snippet: ").dropFirst()
+            #expect(marked.count == 7, "the page's snippets: \(marked.count)")
+            for block in marked {
+                let name = String(block.prefix { $0 != " " })
+                let shown = block.components(separatedBy: "```swift\n").dropFirst().first?.components(separatedBy: "\n```").first
+                let lines = source.split(separator: "\n", omittingEmptySubsequences: false)
+                guard let start = lines.firstIndex(where: { $0.hasSuffix("// snippet: \(name)") }),
+                    let end = lines.firstIndex(where: { $0.hasSuffix("// end: \(name)") })
+                else {
+                    Issue.record("FromBoutique.swift has no snippet \(name)")
+                    continue
+                }
+                #expect(shown == dedented(Array(lines[(start + 1)..<end])), "snippet \(name) differs from FromBoutique.swift")
+            }
+        }
+
         /// The README's client snippet is examples/readme-client/main.swift, top-level code: the two are the same
         /// text, and run against a daemon it writes what it says (every `insert`, `remove` and the chain).
         @Test func theReadmeClientSnippetWrites() async throws {
