@@ -40,7 +40,8 @@ public final class BrokerClient: Sendable {
     /// Connections this client tried to open.
     package let connectAttempts = Atomic<Int>(0)
 
-    /// The client the property wrappers use when given none (`@RemoteStoredValue(key:)`): inside
+    /// The client stores, values and property wrappers use when given none (`RemoteStore<Note>(name:)`,
+    /// `@RemoteStoredValue(key:)`): inside
     /// `withTemporaryBroker` (and its task's child tasks) the temporary broker's client, so that a test cannot
     /// write into the user's real broker by accident; elsewhere `processDefault`. A wrapper keeps the client it
     /// was made with: one made outside the scope uses `processDefault` inside it too.

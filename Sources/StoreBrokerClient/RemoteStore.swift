@@ -219,7 +219,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
     /// A store whose items are identified by `cacheIdentifier`. Starts following the broker at once; `items`
     /// is empty until it has loaded (`itemsHaveLoaded()`, `loadState`).
-    public convenience init(client: BrokerClient, name: String, cacheIdentifier: KeyPath<Item, String> & Sendable) {
+    public convenience init(client: BrokerClient = .shared, name: String, cacheIdentifier: KeyPath<Item, String> & Sendable) {
         self.init(client: client, name: name, identifier: { $0[keyPath: cacheIdentifier] })
     }
 
@@ -236,7 +236,7 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
     /// A store whose items are identified by `cacheIdentifier`, returned once its items have loaded; throws
     /// `cannotConnect` when the broker cannot be reached within the client's `connectTimeout`.
     public convenience init(
-        client: BrokerClient, loading name: String, cacheIdentifier: KeyPath<Item, String> & Sendable
+        client: BrokerClient = .shared, loading name: String, cacheIdentifier: KeyPath<Item, String> & Sendable
     ) async throws(StoreBrokerError) {
         try await self.init(client: client, loading: name, identifier: { $0[keyPath: cacheIdentifier] })
     }
@@ -754,24 +754,24 @@ public final class RemoteStore<Item: Codable & Sendable>: Sendable, Observable {
 
 extension RemoteStore where Item: Identifiable, Item.ID == String {
     /// A store of `Identifiable` items with `String` ids.
-    public convenience init(client: BrokerClient, name: String) {
+    public convenience init(client: BrokerClient = .shared, name: String) {
         self.init(client: client, name: name, identifier: { $0.id })
     }
 
     /// A store of `Identifiable` items with `String` ids, returned once loaded.
-    public convenience init(client: BrokerClient, loading name: String) async throws(StoreBrokerError) {
+    public convenience init(client: BrokerClient = .shared, loading name: String) async throws(StoreBrokerError) {
         try await self.init(client: client, loading: name, identifier: { $0.id })
     }
 }
 
 extension RemoteStore where Item: Identifiable, Item.ID == UUID {
     /// A store of `Identifiable` items with `UUID` ids (stored as their `uuidString`).
-    public convenience init(client: BrokerClient, name: String) {
+    public convenience init(client: BrokerClient = .shared, name: String) {
         self.init(client: client, name: name, identifier: { $0.id.uuidString })
     }
 
     /// A store of `Identifiable` items with `UUID` ids, returned once loaded.
-    public convenience init(client: BrokerClient, loading name: String) async throws(StoreBrokerError) {
+    public convenience init(client: BrokerClient = .shared, loading name: String) async throws(StoreBrokerError) {
         try await self.init(client: client, loading: name, identifier: { $0.id.uuidString })
     }
 }

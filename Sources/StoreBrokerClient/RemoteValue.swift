@@ -226,7 +226,7 @@ public final class RemoteValue<Value: Codable & Sendable>: Sendable {
     private let mirror: ValueMirror<Value>
 
     /// Starts following the value at once; `value` is the default until it has loaded.
-    public init(client: BrokerClient, key: String, default defaultValue: Value) {
+    public init(client: BrokerClient = .shared, key: String, default defaultValue: Value) {
         self.key = key
         self.defaultValue = defaultValue
         self.mirror = ValueMirror(client: client, namespace: .value, name: key)
@@ -234,7 +234,7 @@ public final class RemoteValue<Value: Codable & Sendable>: Sendable {
 
     /// Returns once the value has loaded; throws `cannotConnect` when the broker cannot be reached within the
     /// client's `connectTimeout`.
-    public convenience init(client: BrokerClient, loading key: String, default defaultValue: Value) async throws(StoreBrokerError) {
+    public convenience init(client: BrokerClient = .shared, loading key: String, default defaultValue: Value) async throws(StoreBrokerError) {
         self.init(client: client, key: key, default: defaultValue)
         do throws(StoreBrokerError) {
             try await valueHasLoaded()
@@ -325,13 +325,13 @@ public final class RemoteSecureValue<Value: Codable & Sendable>: Sendable {
     public let key: String
     private let mirror: ValueMirror<Value>
 
-    public init(client: BrokerClient, key: String) {
+    public init(client: BrokerClient = .shared, key: String) {
         self.key = key
         self.mirror = ValueMirror(client: client, namespace: .secureValue, name: key)
     }
 
     /// Returns once the value has loaded.
-    public convenience init(client: BrokerClient, loading key: String) async throws(StoreBrokerError) {
+    public convenience init(client: BrokerClient = .shared, loading key: String) async throws(StoreBrokerError) {
         self.init(client: client, key: key)
         do throws(StoreBrokerError) {
             try await valueHasLoaded()

@@ -19,15 +19,17 @@ struct Bookmark: Codable, Sendable {
 func creating() async throws {
     // snippet: create
     // Identifiable items with String ids: the id is the cache identifier, as in Boutique.
-    let notes = RemoteStore<Note>(client: .shared, name: "notes")
+    let notes = RemoteStore<Note>(name: "notes")
     // Anything else names its identifier.
-    let bookmarks = RemoteStore<Bookmark>(client: .shared, name: "bookmarks", cacheIdentifier: \.url.absoluteString)
+    let bookmarks = RemoteStore<Bookmark>(name: "bookmarks", cacheIdentifier: \.url.absoluteString)
     // Returns once the items are loaded (Boutique's `try await Store(...)`).
-    let loaded = try await RemoteStore<Note>(client: .shared, loading: "notes")
+    let loaded = try await RemoteStore<Note>(loading: "notes")
+    // Another broker than the user's: a client of its socket.
+    let elsewhere = RemoteStore<Note>(client: BrokerClient(socketPath: "/run/team/storebroker.sock"), name: "notes")
     // Or later, on a store made without waiting:
     try await notes.itemsHaveLoaded()
     // end: create
-    _ = (bookmarks, loaded)
+    _ = (bookmarks, loaded, elsewhere)
 }
 
 func writing(notes: RemoteStore<Note>, note: Note, first: Note, second: Note, freshNotes: [Note]) async throws {
