@@ -52,11 +52,11 @@ struct ConnectionOutput {
     }
 
     /// Appends a push's frames (encoded once for every subscriber, with id 0) with this connection's subscription
-    /// id: copied with the id set when short (one copy), else re-headed frames whose payloads stay shared with the
-    /// other subscribers.
+    /// id: copied with the id set when short (one copy), else re-headed frame by frame, each piece gathered or kept
+    /// whole as any write is (a long payload stays shared with the other subscribers).
     mutating func append(push bytes: ByteBuffer, subscriptionID: UInt32) {
         guard bytes.readableBytes < Self.largeWrite else {
-            bytes.forEachFrame(withID: subscriptionID) { appendWhole($0) }
+            bytes.forEachFrame(withID: subscriptionID) { append($0) }
             return
         }
         prepareGathering()

@@ -197,6 +197,8 @@ struct ConnectionStateMachine {
 
     mutating func handshakeTimeout(io: IOState) -> [Action] {
         begin(io)
+        // A timer already due when the hello came, in the same turn, finds the handshake done.
+        if case .established = session.state { return end() }
         timedOut("no hello within \(configuration.timeouts.handshake)")
         return end()
     }
@@ -402,6 +404,7 @@ struct ConnectionStateMachine {
         if input.readableBytes > 0, session.state != .closed {
             logger.debug("the client half-closed in the middle of a frame")
         }
+        pressure.readHeld = false  // the client sends nothing more: never read again
         close(lingering: false)
     }
 

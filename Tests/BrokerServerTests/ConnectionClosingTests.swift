@@ -24,6 +24,18 @@ import Wire
         #expect(idle.take(idle.machine.inputClosed(io: idle.io())).closed == false)
     }
 
+    /// A connection held from reading (its in-flight cap reached) that the client half-closes does not read again
+    /// once its last answer closes it.
+    @Test func aHalfClosedConnectionNeverReadsAgain() throws {
+        let h = ConnectionHarness(maxInFlight: 1)
+        try h.greet()
+        _ = try h.send([(.insert(.init(store: "s", items: [])), 1)])
+        #expect(h.take(h.machine.readRequested(io: h.io())).reads == 0, "read past the in-flight cap")
+        _ = h.take(h.machine.inputClosed(io: h.io()))
+        let step = h.take(h.machine.answered(slot: 0, .written(1), io: h.io()))
+        #expect(step.closed == false && step.reads == 0, "read after the close: \(step.reads)")
+    }
+
     /// `goodbye`: the answers that are ready go out, then `goodbye`, then the connection lingers for the client to
     /// read it; what arrives after is dropped, and a half-close then closes at once.
     @Test func goodbyeFollowsTheReadyAnswersAndEndsTheInput() throws {

@@ -37,6 +37,25 @@ import Wire
         #expect(output.next() == nil && output.count == 0)
     }
 
+    /// A long push of short frames (a snapshot of many small items) is gathered like any write: a few buffers, not
+    /// one per frame.
+    @Test func aLongPushOfShortFramesIsGathered() throws {
+        var push = ByteBuffer()
+        for _ in 0..<2000 { try ServerMessage.pong(.init()).encode(id: 0, maxFrameLength: 1 << 20, into: &push) }
+        #expect(push.readableBytes >= ConnectionOutput.largeWrite)
+        var output = ConnectionOutput()
+        output.append(push: push, subscriptionID: 5)
+        var buffers = 0
+        var decoder = FrameDecoder()
+        var ids = Set<UInt32>()
+        while var bytes = output.next() {
+            buffers += 1
+            while let frame = try decoder.decode(&bytes) { ids.insert(frame.header.id) }
+        }
+        #expect(buffers == 1, "\(buffers) buffers for one push")
+        #expect(ids == [5])
+    }
+
     /// The buffer a turn went out in is cleared and used for the next turn once the channel has let go of it
     /// (no allocation per read cycle); while the channel still holds it, the next writes go to storage of their
     /// own and the bytes it holds never change.

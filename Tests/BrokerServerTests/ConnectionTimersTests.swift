@@ -36,6 +36,15 @@ import Wire
         #expect(h.machine.state == .established)
     }
 
+    /// A handshake timer that was already due when the hello came (the same turn) finds the handshake done.
+    @Test func aHandshakeTimerFiringAfterTheHelloDoesNothing() throws {
+        let h = ConnectionHarness()
+        _ = h.machine.activate(io: h.io())
+        try h.greet()
+        let step = h.take(h.machine.handshakeTimeout(io: h.io()))
+        #expect(step.closed == nil && step.messages.isEmpty && h.machine.state == .established)
+    }
+
     /// No hello in time: a `timedOut` error as the last word, then close.
     @Test func noHelloInTimeIsTheLastWord() throws {
         let h = ConnectionHarness()
