@@ -16,12 +16,12 @@ import Glibc
 /// or more (its slow apply was mostly their writes, not the fsync a wait would share), nor one with `largeGroup`
 /// writes already queued (the next group is large without the ones it would wait for): with many clients, the
 /// last of them comes back late and the writer would sit idle while most of them already wait (sqlite `FULL`, 50
-/// clients each waiting for its answer: 21,000-22,000 inserts/s waiting against 25,000-27,000 not; 4 clients:
-/// 7,400-8,400 against 4,700-6,000).
+/// clients each waiting for its answer: 21,000-22,000 inserts/s waiting for them, 23,000-27,000 not; 4 clients:
+/// 6,800-8,300 waiting, 4,400-6,200 not).
 struct GroupGathering {
     /// Applies faster than this are not worth waiting for.
     static let slowApply: UInt64 = 100_000
-    /// Answered clients from which on a group is large enough without waiting.
+    /// Answered clients, or writes already queued, from which on the next group is large enough without waiting.
     static let largeGroup = 8
 
     /// Submitters answered by the last group that have nothing queued and have not handed in writes since.

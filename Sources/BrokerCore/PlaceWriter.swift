@@ -433,7 +433,7 @@ final class PlaceWriter<Model: WriterModel> {
     }
 
     /// How long to wait for the writers the last group answered (`GroupGathering`): never for an engine that
-    /// applies on the owner, a full group, or during shutdown.
+    /// applies on the owner, a full group, `GroupGathering.largeGroup` writes already queued, or during shutdown.
     private func gatheringWait() -> UInt64? {
         guard !stopping, pending.count < limits.maxGroupCommit, let capabilities,
             !capabilities.contains(.nonblocking)

@@ -1,7 +1,7 @@
 import StoreModel
 
-/// A group's apply, on a thread for blocking work: creates the store first when this is its first commit, and
-/// records the first commit in the manifest.
+/// A group's apply, on a thread for blocking work (or on the owner, for an open store of a nonblocking engine):
+/// creates the store first when this is its first commit, and records the first commit in the manifest.
 struct ApplyJob {
     let place: EnginePlace
     let engine: any StorageEngine

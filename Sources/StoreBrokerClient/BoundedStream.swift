@@ -4,8 +4,8 @@ import NIOCore
 /// An asynchronous sequence with a bounded buffer: what the library hands out for events, values and pushes,
 /// so that a consumer that stops reading costs at most `capacity` elements, never the process's memory.
 ///
-/// The producer (the library) decides what a full buffer means: a store's events lag explicitly (`lagged`,
-/// then a fresh `loaded`), a value keeps its newest state, a subscription's pushes end with `lagged` and the
+/// The producer (the library) decides what a full buffer means: a store's events give a fresh `loaded` marked
+/// `afterLag`, a value keeps its newest state, a subscription's pushes end with `lagged` and the
 /// library subscribes again from there. It has one reader: iterating it twice shares the elements, and a second
 /// reader waiting ends the first one's iteration.
 public struct BoundedStream<Element: Sendable, Failure: Error>: AsyncSequence, Sendable {

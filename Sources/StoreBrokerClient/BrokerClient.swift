@@ -19,7 +19,7 @@ public final class BrokerClient: Sendable {
     /// trying before its `loadState` says `.error(cannotConnect)` (it keeps trying after that, in the background).
     public let connectTimeout: Duration
     /// How many events (a store's) or values a stream holds for a reader that has not taken them; past that a
-    /// store's stream lags (`lagged`, then a fresh `loaded`) and a value's keeps the newest.
+    /// store's stream gives a fresh `loaded` (`afterLag`) and a value's keeps the newest.
     public let eventBuffer: Int
     /// Runs a task's jobs on the thread that serves the process's connections (`ClientLoop`), for a task that
     /// makes requests one after another (an import, a sync agent, a benchmark):

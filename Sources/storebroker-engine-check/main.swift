@@ -101,15 +101,19 @@ guard let checker = EngineSearchPath.currentExecutablePath() else { fail("cannot
 
 let setup = Setup(options: options, checker: checker, rounds: rounds, bigApply: bigApply)
 
+/// What starts the line on which a child gives its outcome's kind (the reason or message follows it): an engine
+/// that prints to stdout itself cannot be taken for it.
+let outcomeMarker = "storebroker-engine-check outcome: "
+
 if let childProperty {
-    // The child that runs one property: its outcome's kind on the first line, the reason or message after it.
+    // The child that runs one property.
     guard let property = Conformance.properties.first(where: { $0.name == childProperty }) else {
         fail("no property \(childProperty.debugDescription)", 64)
     }
     switch await Conformance.check(property, engine, setup: setup) {
-    case .passed: print("ok")
-    case .skipped(let reason): print("skip\n\(reason)")
-    case .failed(let message): print("fail\n\(message)")
+    case .passed: print("\n\(outcomeMarker)ok")
+    case .skipped(let reason): print("\n\(outcomeMarker)skip\n\(reason)")
+    case .failed(let message): print("\n\(outcomeMarker)fail\n\(message)")
     }
     exit(0)
 }
@@ -129,14 +133,16 @@ if let childProperty {
             childArguments, stdoutPath: directory + "/\(property.name).out",
             stderrPath: directory + "/\(property.name).err", in: directory, environment: environment)
     } catch {
-        return .failed("cannot start the child process that runs it: \(error)")
+        fail("cannot start \(checker) to check property \(property.name): \(error)", 2)
     }
     let started = Date()
     let status = await child.wait(atMost: timeout)
     let output = child.stdout
-    if status == 0, let newline = output.firstIndex(of: "\n") {
-        let detail = output[output.index(after: newline)...].trimmingCharacters(in: .newlines)
-        switch output[..<newline] {
+    if status == 0, let marker = output.range(of: "\n" + outcomeMarker, options: .backwards) {
+        let rest = output[marker.upperBound...]
+        let newline = rest.firstIndex(of: "\n") ?? rest.endIndex
+        let detail = rest[newline...].trimmingCharacters(in: .newlines)
+        switch rest[..<newline] {
         case "ok": return .passed
         case "skip": return .skipped(detail)
         case "fail": return .failed(detail)
@@ -146,7 +152,8 @@ if let childProperty {
     let said = child.stderr.split(separator: "\n").suffix(3).joined(separator: " | ")
     let why = said.isEmpty ? "" : " (its last words: \(said))"
     if Date().timeIntervalSince(started) >= timeout {
-        return .failed("no result within \(Int(timeout)) s: the engine hangs, and was killed (--timeout)\(why)")
+        let limit = String(format: "%g", timeout)
+        return .failed("no result within \(limit) s: the engine hangs, and was killed (--timeout)\(why)")
     }
     if status > 128 { return .failed("the engine crashed (signal \(status - 128))\(why)") }
     return .failed("the child process that ran it exited with status \(status)\(why)")
@@ -155,8 +162,11 @@ if let childProperty {
 print("engine \(engine.name) \(engine.version), ABI \(engine.abiMajor).\(engine.abiMinor), \(engine.path)")
 var failed = 0
 let work = FileManager.default.temporaryDirectory.appendingPathComponent("sb-check-\(getpid())").path
-try? FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
-defer { try? FileManager.default.removeItem(atPath: work) }
+do {
+    try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+} catch {
+    fail("cannot create \(work) for the children's output: \(error)", 2)
+}
 for property in Conformance.properties where only.isEmpty || only.contains(property.name) {
     let started = Date()
     let outcome = await checkAlone(property, in: work)

@@ -77,26 +77,19 @@ extension Integration {
         /// 66), where both read "not in store" (issue 52, point 4).
         @Test func aMistypedCommandGetsDidYouMeanAndAnAbsentStoreIsNotAnAbsentItem() async throws {
             try await Daemon.with { daemon in
-                var result = try await daemon.storectl(["inser", "todo", #"{"id":"a"}"#])
-                #expect(result.status == 64)
-                #expect(result.stderr.contains("unknown command 'inser'; did you mean 'insert'?"), "\(result.stderr)")
-                result = try await daemon.storectl(["value", "gett", "theme"])
-                #expect(result.status == 64)
-                #expect(result.stderr.contains("unknown command 'value gett'; did you mean 'value get'?"), "\(result.stderr)")
-                result = try await daemon.storectl(["frobnicate"])
-                #expect(result.status == 64)
-                #expect(result.stderr.contains("unknown command 'frobnicate'"), "\(result.stderr)")
-                #expect(!result.stderr.contains("did you mean"))
+                try await daemon.expectStorectl(
+                    ["inser", "todo", #"{"id":"a"}"#], exits: 64, saying: "unknown command 'inser'; did you mean 'insert'?")
+                try await daemon.expectStorectl(
+                    ["value", "gett", "theme"], exits: 64,
+                    saying: "unknown command 'value gett'; did you mean 'value get'?")
+                let unknown = try await daemon.storectl(["frobnicate"])
+                #expect(unknown.status == 64 && unknown.stderr.contains("unknown command 'frobnicate'"))
+                #expect(!unknown.stderr.contains("did you mean"))
                 _ = try await daemon.storectl(["insert", "todo", #"{"id":"a"}"#])
-                result = try await daemon.storectl(["get", "todo", "b"])
-                #expect(result.status == 66)
-                #expect(result.stderr.contains(#"not in store todo: "b""#), "\(result.stderr)")
-                result = try await daemon.storectl(["get", "nosuchstore", "a"])
-                #expect(result.status == 66)
-                #expect(result.stderr.contains("store nosuchstore does not exist"), "\(result.stderr)")
-                result = try await daemon.storectl(["query", "nosuchstore", "--id", "a"])
-                #expect(result.status == 66)
-                #expect(result.stderr.contains("store nosuchstore does not exist"), "\(result.stderr)")
+                try await daemon.expectStorectl(["get", "todo", "b"], exits: 66, saying: #"not in store todo: "b""#)
+                for absent in [["get", "nosuchstore", "a"], ["query", "nosuchstore", "--id", "a"]] {
+                    try await daemon.expectStorectl(absent, exits: 66, saying: "store nosuchstore does not exist")
+                }
                 // A watch of a store that does not exist (a typo, or one not made yet) says so while it waits.
                 let watcher = try await daemon.watch("tod")
                 defer { watcher.process.signal(SIGTERM) }
@@ -114,23 +107,14 @@ extension Integration {
         /// position for the first, "the value is not JSON: dark" for the second, and the quotes kept silently).
         @Test func badJSONSaysWhereAndValuesAndSecretsSayHowToQuote() async throws {
             try await Daemon.with { daemon in
-                var result = try await daemon.storectl(["insert", "todo", #"{"id":"c","#])
-                #expect(result.status == 65)
-                #expect(result.stderr.contains("line 1, column 11"), "\(result.stderr)")
-                result = try await daemon.storectl(["insert", "todo", "{\n\"id\":\"c\",\n\"x\": }"])
-                #expect(result.status == 65)
-                #expect(result.stderr.contains("line 3, column 6"), "\(result.stderr)")
-                result = try await daemon.storectl(["insert", "todo", #"["c"]"#])
-                #expect(result.status == 65)
-                #expect(result.stderr.contains("not a JSON object"), "\(result.stderr)")
-                result = try await daemon.storectl(["value", "set", "theme", "dark"])
-                #expect(result.status == 65)
-                #expect(result.stderr.contains(#"'"dark"'"#), "\(result.stderr)")
+                try await daemon.expectStorectl(["insert", "todo", #"{"id":"c","#], exits: 65, saying: "line 1, column 11")
+                try await daemon.expectStorectl(
+                    ["insert", "todo", "{\n\"id\":\"c\",\n\"x\": }"], exits: 65, saying: "line 3, column 6")
+                try await daemon.expectStorectl(["insert", "todo", #"["c"]"#], exits: 65, saying: "not a JSON object")
+                try await daemon.expectStorectl(["value", "set", "theme", "dark"], exits: 65, saying: #"'"dark"'"#)
                 #expect(try await daemon.storectl(["value", "get", "theme"]).status == 66)
-                result = try await daemon.storectl(["secret", "set", "token", #""hunter2""#])
-                #expect(result.status == 0)
-                #expect(result.stderr.contains("quotes"), "\(result.stderr)")
-                result = try await daemon.storectl(["secret", "set", "plain", "hunter2"])
+                try await daemon.expectStorectl(["secret", "set", "token", #""hunter2""#], exits: 0, saying: "quotes")
+                let result = try await daemon.storectl(["secret", "set", "plain", "hunter2"])
                 #expect(result.status == 0 && result.stderr.isEmpty, "\(result.stderr)")
                 #expect(try await daemon.storectl(["secret", "get", "plain"]).stdout == "hunter2\n")
             }

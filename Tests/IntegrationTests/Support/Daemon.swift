@@ -76,6 +76,16 @@ final class Daemon: @unchecked Sendable {
         try await runStorectl(["--socket", socketPath] + arguments, stdin: stdin, in: directory)
     }
 
+    /// Runs storectl and expects it to exit with `status` and say `text` on stderr.
+    func expectStorectl(
+        _ arguments: [String], exits status: Int32, saying text: String,
+        sourceLocation: Testing.SourceLocation = #_sourceLocation
+    ) async throws {
+        let result = try await storectl(arguments)
+        #expect(result.status == status, "\(arguments): \(result.stderr)", sourceLocation: sourceLocation)
+        #expect(result.stderr.contains(text), "\(arguments): \(result.stderr)", sourceLocation: sourceLocation)
+    }
+
     /// Starts `storectl watch` in the background, its output in a file; returns once its first line is out.
     func watch(_ store: String, _ more: [String] = []) async throws -> Watcher {
         let name = "watch-\(UUID().uuidString)"
