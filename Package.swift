@@ -40,6 +40,7 @@ let package = Package(
         .library(name: "storebroker-engine-memory", type: .dynamic, targets: ["MemoryEngine"]),
         .library(name: "storebroker-engine-sqlite", type: .dynamic, targets: ["SQLiteEngine"]),
         .library(name: "storebroker-engine-disk", type: .dynamic, targets: ["DiskEngine"]),
+        .library(name: "storebroker-engine-wal", type: .dynamic, targets: ["WALEngine"]),
         // PostgreSQL (libpq): stores shared by brokers on several hosts (docs/DISTRIBUTED.md).
         .library(name: "storebroker-engine-postgres", type: .dynamic, targets: ["PostgresEngine"]),
         .library(name: "storebroker-engine-c-example", type: .dynamic, targets: ["CExampleEngine"]),
@@ -109,6 +110,9 @@ let package = Package(
         .target(
             name: "DiskEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "OrderedStorage"],
             path: "Sources/Engines/disk", swiftSettings: requestPath),
+        .target(
+            name: "WALEngine", dependencies: ["StorageEngineKit", "CStorageEngine"],
+            path: "Sources/Engines/wal", swiftSettings: requestPath),
         .systemLibrary(name: "CLibPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
         .target(
             name: "PostgresEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "CLibPQ"],

@@ -1,17 +1,15 @@
-import StorageEngineKit
-
 #if canImport(Glibc)
 import Glibc
 #endif
 
-// Small POSIX helpers for the disk engine. Every failure is an EngineError naming the file.
+// Small POSIX helpers for engines that keep files. Every failure is an EngineError naming the file.
 
 @_silgen_name("syncfs")
 private func c_syncfs(_ fd: Int32) -> Int32
 
-enum Files {
+public enum Files {
     /// Reads a whole file; `nil` if it does not exist.
-    static func read(_ path: String) throws(EngineError) -> [UInt8]? {
+    public static func read(_ path: String) throws(EngineError) -> [UInt8]? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             if errno == ENOENT { return nil }
@@ -35,7 +33,7 @@ enum Files {
     }
 
     /// Writes `bytes` to `path` through `path.tmp` and a rename; `sync` fdatasyncs the file before the rename.
-    static func replace(_ path: String, with bytes: [UInt8], sync: Bool) throws(EngineError) {
+    public static func replace(_ path: String, with bytes: [UInt8], sync: Bool) throws(EngineError) {
         let temporary = path + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw EngineError.errno("cannot create \(temporary)") }
@@ -56,14 +54,14 @@ enum Files {
     }
 
     /// Writes `bytes` to `path` in place (created or truncated), with no fsync.
-    static func overwrite(_ path: String, with bytes: [UInt8]) throws(EngineError) {
+    public static func overwrite(_ path: String, with bytes: [UInt8]) throws(EngineError) {
         let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw EngineError.errno("cannot create \(path)") }
         defer { close(fd) }
         try writeAll(fd, bytes, path)
     }
 
-    static func writeAll(_ fd: Int32, _ bytes: [UInt8], _ path: String) throws(EngineError) {
+    public static func writeAll(_ fd: Int32, _ bytes: [UInt8], _ path: String) throws(EngineError) {
         var done = 0
         while done < bytes.count {
             let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + done, $0.count - done) }
@@ -73,16 +71,16 @@ enum Files {
         }
     }
 
-    static func remove(_ path: String) throws(EngineError) {
+    public static func remove(_ path: String) throws(EngineError) {
         if unlink(path) != 0, errno != ENOENT { throw EngineError.errno("cannot delete \(path)") }
     }
 
-    static func makeDirectory(_ path: String) throws(EngineError) {
+    public static func makeDirectory(_ path: String) throws(EngineError) {
         if mkdir(path, 0o700) != 0, errno != EEXIST { throw EngineError.errno("cannot create \(path)") }
     }
 
     /// fsync on a directory: makes the names created, renamed and removed in it durable.
-    static func syncDirectory(_ path: String) throws(EngineError) {
+    public static func syncDirectory(_ path: String) throws(EngineError) {
         let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw EngineError.errno("cannot open \(path)") }
         defer { close(fd) }
@@ -90,7 +88,7 @@ enum Files {
     }
 
     /// syncfs: flushes every file of the filesystem that holds `path` (one call instead of one per file).
-    static func syncFilesystem(_ path: String) throws(EngineError) {
+    public static func syncFilesystem(_ path: String) throws(EngineError) {
         let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw EngineError.errno("cannot open \(path)") }
         defer { close(fd) }
@@ -98,7 +96,7 @@ enum Files {
     }
 
     /// The names in a directory (not `.` or `..`); empty if it does not exist.
-    static func list(_ path: String) throws(EngineError) -> [String] {
+    public static func list(_ path: String) throws(EngineError) -> [String] {
         guard let dir = opendir(path) else {
             if errno == ENOENT { return [] }
             throw EngineError.errno("cannot list \(path)")
@@ -114,66 +112,4 @@ enum Files {
         }
         return names
     }
-}
-
-/// Little-endian encoding with a running FNV-1a checksum, for the engine's own files.
-struct Encoder {
-    var bytes: [UInt8] = []
-
-    mutating func u8(_ v: UInt8) { bytes.append(v) }
-    mutating func u32(_ v: UInt32) { withUnsafeBytes(of: v.littleEndian) { bytes.append(contentsOf: $0) } }
-    mutating func u64(_ v: UInt64) { withUnsafeBytes(of: v.littleEndian) { bytes.append(contentsOf: $0) } }
-    mutating func raw(_ b: some Collection<UInt8>) { bytes.append(contentsOf: b) }
-    mutating func raw(_ b: UnsafeBufferPointer<UInt8>) { bytes.append(contentsOf: b) }
-    mutating func blob(_ b: [UInt8]) {
-        u32(UInt32(b.count))
-        raw(b)
-    }
-
-    /// Appends the checksum of everything so far.
-    mutating func seal() { u64(checksum(bytes[...])) }
-}
-
-struct Decoder {
-    let bytes: [UInt8]
-    var offset = 0
-    let path: String
-
-    init(_ bytes: [UInt8], path: String) {
-        self.bytes = bytes
-        self.path = path
-    }
-
-    var remaining: Int { bytes.count - offset }
-
-    mutating func take(_ count: Int) throws(EngineError) -> ArraySlice<UInt8> {
-        guard count >= 0, remaining >= count else { throw EngineError.corrupt("\(path) is truncated") }
-        defer { offset += count }
-        return bytes[offset..<(offset + count)]
-    }
-
-    mutating func u8() throws(EngineError) -> UInt8 { try take(1).first! }
-    mutating func u32() throws(EngineError) -> UInt32 {
-        try take(4).reversed().reduce(0) { $0 << 8 | UInt32($1) }
-    }
-    mutating func u64() throws(EngineError) -> UInt64 {
-        try take(8).reversed().reduce(0) { $0 << 8 | UInt64($1) }
-    }
-    mutating func blob() throws(EngineError) -> [UInt8] { Array(try take(Int(try u32()))) }
-
-    /// Checks the trailing checksum over everything before it.
-    func verifySeal() throws(EngineError) {
-        guard bytes.count >= 8 else { throw EngineError.corrupt("\(path) is truncated") }
-        var tail = Decoder(bytes, path: path)
-        tail.offset = bytes.count - 8
-        guard try tail.u64() == checksum(bytes[..<(bytes.count - 8)]) else {
-            throw EngineError.corrupt("\(path) fails its checksum")
-        }
-    }
-}
-
-func checksum(_ bytes: ArraySlice<UInt8>) -> UInt64 {
-    var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-    for byte in bytes { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
-    return hash
 }

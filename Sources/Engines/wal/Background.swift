@@ -1,0 +1,264 @@
+import StorageEngineKit
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A store's background thread and what it shares with the host's calls, under one mutex: the snapshot, the
+/// closed segments waiting to be folded into the next one, and (under `NORMAL`) the segment written but not yet
+/// synced. The thread syncs that segment within `WALSettings.syncIntervalNanoseconds` of its first unsynced
+/// write, and makes a snapshot of the store whenever a segment is closed. The mutex is held only to read or
+/// change these fields, never across I/O; an apply takes it at most once (under `NORMAL`, uncontended but for
+/// the thread's wake-ups once a second).
+final class WALBackground: @unchecked Sendable {
+    private let directory: String
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let condition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+
+    // Guarded by `mutex`.
+    private var snapshot: SnapshotInfo?
+    private var sealed: [LogSegment]
+    /// The last sequence in `sealed`.
+    private var sealedThrough: UInt64 = 0
+    private var unsyncedSegment: LogSegment?
+    private var unsyncedSince: UInt64 = 0
+    private var syncFailure: EngineError?
+    private var compacting = false
+    private var retryAt: UInt64 = 0
+    private var stopping = false
+
+    /// A background sync failed: the next apply reports it (read without the mutex on every apply).
+    let failed = Atomic<Bool>(false)
+    /// Set by `stop`; a snapshot being written gives up when it sees it.
+    private let stopped = Atomic<Bool>(false)
+
+    init(directory: String, snapshot: SnapshotInfo?, sealed: [LogSegment], sealedThrough: UInt64) {
+        self.directory = directory
+        self.snapshot = snapshot
+        self.sealed = sealed
+        self.sealedThrough = sealedThrough
+        pthread_mutex_init(mutex, nil)
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(condition, &attributes)
+        pthread_condattr_destroy(&attributes)
+    }
+
+    deinit {
+        pthread_cond_destroy(condition)
+        pthread_mutex_destroy(mutex)
+        condition.deallocate()
+        mutex.deallocate()
+    }
+
+    private func locked<T>(_ body: () throws(EngineError) -> T) throws(EngineError) -> T {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return try body()
+    }
+
+    private func locked<T>(_ body: () -> T) -> T {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return body()
+    }
+
+    // MARK: For the host's calls
+
+    var snapshotBytes: Int { locked { snapshot?.bytes ?? 0 } }
+
+    /// No snapshot is being made or waiting to be.
+    var idle: Bool { locked { sealed.isEmpty && !compacting } }
+
+    /// `segment`, which holds the records through `through`, is closed: it goes into the next snapshot.
+    func seal(_ segment: LogSegment, through: UInt64) {
+        locked {
+            if unsyncedSegment === segment { unsyncedSegment = nil }
+            sealed.append(segment)
+            sealedThrough = through
+            pthread_cond_signal(condition)
+        }
+    }
+
+    /// `segment` was written and not synced (`NORMAL`).
+    func unsynced(_ segment: LogSegment) {
+        locked {
+            guard unsyncedSegment == nil else { return }
+            unsyncedSegment = segment
+            unsyncedSince = monotonicNanoseconds()
+            pthread_cond_signal(condition)
+        }
+    }
+
+    func takeSyncFailure() -> EngineError? {
+        locked {
+            defer { syncFailure = nil }
+            failed.store(false, ordering: .relaxed)
+            return syncFailure
+        }
+    }
+
+    /// The store as its files hold it now: the snapshot and every segment after it, mapped while the mutex
+    /// keeps a snapshot finishing meanwhile from deleting them, and the log's effects read from them.
+    func view(current: LogSegment) throws(EngineError) -> StoreView {
+        let (file, logs, base) = try locked { () throws(EngineError) in
+            (
+                try snapshot.map { (info) throws(EngineError) in try SnapshotFile(info.path) },
+                try sealed.map { (segment) throws(EngineError) in try Mapping(segment.path, length: segment.size) },
+                snapshot?.sequence ?? 0
+            )
+        }
+        var view = StoreView(snapshot: file, logs: logs + [try Mapping(current.path, length: current.size)])
+        try view.readLogs(after: base)
+        return view
+    }
+
+    // MARK: The thread
+
+    func start() throws(EngineError) -> pthread_t {
+        var thread = pthread_t()
+        let context = Unmanaged.passRetained(self).toOpaque()
+        let status = pthread_create(&thread, nil, { context in
+            Unmanaged<WALBackground>.fromOpaque(context!).takeRetainedValue().run()
+            return nil
+        }, context)
+        guard status == 0 else {
+            Unmanaged<WALBackground>.fromOpaque(context).release()
+            throw EngineError.errno("cannot start the wal engine's thread", status)
+        }
+        return thread
+    }
+
+    func stop() {
+        stopped.store(true, ordering: .relaxed)
+        locked {
+            stopping = true
+            pthread_cond_signal(condition)
+        }
+    }
+
+    private func run() {
+        pthread_mutex_lock(mutex)
+        while !stopping {
+            let now = monotonicNanoseconds()
+            if !sealed.isEmpty, !compacting, now >= retryAt {
+                compacting = true
+                let (base, segments, through) = (snapshot, sealed, sealedThrough)
+                pthread_mutex_unlock(mutex)
+                let made = Result { () throws(EngineError) in try makeSnapshot(after: base, of: segments, through: through) }
+                pthread_mutex_lock(mutex)
+                compacting = false
+                guard case .success(let new) = made else {
+                    retryAt = now + WALSettings.syncIntervalNanoseconds
+                    continue
+                }
+                snapshot = new
+                sealed.removeFirst(segments.count)
+                pthread_mutex_unlock(mutex)
+                // Leftovers of a crash here are deleted by the next open: the new snapshot holds their records.
+                if let base { unlink(base.path) }
+                for segment in segments { unlink(segment.path) }
+                pthread_mutex_lock(mutex)
+                continue
+            }
+            if let segment = unsyncedSegment, now >= unsyncedSince + WALSettings.syncIntervalNanoseconds {
+                unsyncedSegment = nil
+                pthread_mutex_unlock(mutex)
+                let failure: EngineError? = fdatasync(segment.fd) == 0 ? nil : EngineError.errno("cannot sync \(segment.path)")
+                pthread_mutex_lock(mutex)
+                if let failure {
+                    syncFailure = failure
+                    failed.store(true, ordering: .relaxed)
+                }
+                continue
+            }
+            var deadline = UInt64.max
+            if unsyncedSegment != nil { deadline = unsyncedSince + WALSettings.syncIntervalNanoseconds }
+            if !sealed.isEmpty { deadline = min(deadline, retryAt) }
+            if deadline == .max {
+                pthread_cond_wait(condition, mutex)
+            } else {
+                var time = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
+                pthread_cond_timedwait(condition, mutex, &time)
+            }
+        }
+        pthread_mutex_unlock(mutex)
+    }
+
+    /// A snapshot of `base` and `segments` (records through `through`), durable under its name.
+    private func makeSnapshot(after base: SnapshotInfo?, of segments: [LogSegment], through: UInt64) throws(EngineError)
+        -> SnapshotInfo
+    {
+        let file = try base.map { (info) throws(EngineError) in try SnapshotFile(info.path) }
+        var view = StoreView(
+            snapshot: file,
+            logs: try segments.map { (segment) throws(EngineError) in try Mapping(segment.path, length: segment.size) })
+        try view.readLogs(after: base?.sequence ?? 0)
+        let path = directory + "/" + WALFormat.snapshotName(sequence: through)
+        let writer = try SnapshotWriter(temporaryPath: path + ".tmp", sequence: through)
+        do throws(EngineError) {
+            let completed = try view.merge { (item) throws(EngineError) in
+                try writer.add(item)
+                return !stopped.load(ordering: .relaxed)
+            }
+            guard completed else { throw EngineError.stopped }
+            try writer.finish(sequence: through, as: path)
+            try Files.syncDirectory(directory)
+        } catch {
+            writer.abandon()
+            throw error
+        }
+        return SnapshotInfo(path: path, sequence: through, bytes: writer.written)
+    }
+}
+
+/// The store as its files hold it: a snapshot, the log segments after it, and their effects, which point into
+/// the segments' mappings and so are used only while the view holds them.
+struct StoreView {
+    let snapshot: SnapshotFile?
+    private let logs: [Mapping]
+    private var effects = LogEffects()
+
+    init(snapshot: SnapshotFile?, logs: [Mapping]) {
+        self.snapshot = snapshot
+        self.logs = logs
+    }
+
+    /// The log changes nothing: the snapshot (if any) is the store.
+    var plain: Bool { effects.isEmpty }
+
+    mutating func readLogs(after base: UInt64) throws(EngineError) {
+        for log in logs { try effects.add(log, after: base) }
+    }
+
+    /// `LogEffects.merge`, the mappings kept alive throughout.
+    mutating func merge(_ body: (WALItem) throws(EngineError) -> Bool) throws(EngineError) -> Bool {
+        defer { withExtendedLifetime(logs) {} }
+        return try effects.merge(into: snapshot, body)
+    }
+}
+
+extension LogEffects {
+    /// Adds the records of a log segment after sequence `base`. The segment's records were checked when the
+    /// store opened or written by this process: one that does not check out now is damage.
+    mutating func add(_ log: Mapping, after base: UInt64) throws(EngineError) {
+        var offset = WALFormat.logHeaderSize
+        while true {
+            switch LogRecord.read(log.bytes, at: offset) {
+            case .end: return
+            case .bad(let why): throw EngineError.corrupt("\(log.path): \(why) at byte \(offset)")
+            case .record(let record):
+                if record.sequence > base { try record.forEachStep { apply($0) } }
+                offset = record.end
+            }
+        }
+    }
+}
+
+func monotonicNanoseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+}

@@ -1,0 +1,263 @@
+import CStorageEngine
+import StorageEngineKit
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One store of the wal engine. The host's calls (never two at once) own the segment being appended to; the
+/// store's background thread syncs it under `NORMAL` and folds closed segments into snapshots, so that no apply
+/// waits for a snapshot: an apply that closes a segment pays one `fdatasync` of it and the creation of the next.
+final class WALStore: EngineStoreImplementation {
+    private let directory: String
+    private let settings: WALSettings
+    private let background: WALBackground
+    private var thread: pthread_t
+    /// The segment applies append to.
+    private var log: LogSegment
+    private(set) var sequence: UInt64
+    private var encoder = RecordEncoder()
+    private var cachedCount: (sequence: UInt64, count: UInt64)?
+    /// The log size at which the next apply tries to close the segment.
+    private var rotateAt: Int
+
+    init(directory: String, settings: WALSettings) throws(EngineError) {
+        self.directory = directory
+        self.settings = settings
+        let recovered = try Recovery.run(directory: directory)
+        log = recovered.current
+        sequence = recovered.sequence
+        rotateAt = recovered.current.size + settings.snapshotLogBytes
+        background = WALBackground(
+            directory: directory, snapshot: recovered.snapshot, sealed: recovered.sealed,
+            sealedThrough: recovered.current.first - 1)
+        thread = try background.start()
+    }
+
+    func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence: UInt64) throws(EngineError) {
+        if background.failed.load(ordering: .relaxed), let failure = background.takeSyncFailure() { throw failure }
+        let record = try encoder.encode(steps, sequence: sequence, failure: settings.failure)
+        try log.append(record, sync: settings.full)
+        if !settings.full { background.unsynced(log) }
+        encoder.shrink()
+        self.sequence = sequence
+        cachedCount = nil
+        if log.size >= rotateAt { rotate() }
+    }
+
+    /// Closes the segment and starts the next, unless a snapshot is still being made or the snapshot is large
+    /// enough that the log may grow to half its size first. A failure here fails no apply: the segment goes on
+    /// growing and the next try comes a quarter threshold later.
+    private func rotate() {
+        let threshold = max(settings.snapshotLogBytes, background.snapshotBytes / 2)
+        guard log.size >= threshold, background.idle else {
+            rotateAt = log.size + max(settings.snapshotLogBytes / 4, threshold - log.size)
+            return
+        }
+        do throws(EngineError) {
+            // The closed segment is whole on disk before the next starts: open treats a bad record in any
+            // segment but the last as damage.
+            if !settings.full { try log.sync() }
+            let next = try LogSegment.create(directory: directory, first: sequence + 1)
+            background.seal(log, through: sequence)
+            log = next
+            rotateAt = log.size + settings.snapshotLogBytes
+        } catch {
+            rotateAt = log.size + settings.snapshotLogBytes / 4
+        }
+    }
+
+    func count() throws(EngineError) -> UInt64 {
+        if let cachedCount, cachedCount.sequence == sequence { return cachedCount.count }
+        var view = try background.view(current: log)
+        var count: UInt64 = 0
+        if view.plain, let snapshot = view.snapshot {
+            count = snapshot.count
+        } else {
+            _ = try view.merge { _ in
+                count += 1
+                return true
+            }
+        }
+        cachedCount = (sequence, count)
+        return count
+    }
+
+    func scan(emit: (UnsafePointer<sb_item>) -> Bool) throws(EngineError) {
+        var view = try background.view(current: log)
+        let completed = try view.merge { item in
+            var emitted = sb_item(
+                key: sb_bytes(data: item.key.baseAddress?.assumingMemoryBound(to: UInt8.self), length: item.key.count),
+                payload: sb_bytes(
+                    data: item.payload.baseAddress?.assumingMemoryBound(to: UInt8.self), length: item.payload.count),
+                created_at: item.createdAt, updated_at: item.updatedAt)
+            return emit(&emitted)
+        }
+        if !completed { throw EngineError.stopped }
+    }
+
+    func close() {
+        background.stop()
+        pthread_join(thread, nil)
+        // What NORMAL left unsynced is synced now; close cannot fail, and what a failure here loses is within
+        // NORMAL's window.
+        if !settings.full { try? log.sync() }
+        encoder.release()
+    }
+}
+
+/// A log segment open for appending. Only the host's calls append; the background thread may sync it.
+final class LogSegment: @unchecked Sendable {
+    let path: String
+    /// The first sequence it may hold.
+    let first: UInt64
+    let fd: Int32
+    /// The end of its last whole record: where the next is written. Read and written by the host's calls only.
+    private(set) var size: Int
+
+    private init(path: String, first: UInt64, fd: Int32, size: Int) {
+        self.path = path
+        self.first = first
+        self.fd = fd
+        self.size = size
+    }
+
+    deinit { Glibc.close(fd) }
+
+    /// A new, empty segment whose header and name are durable.
+    static func create(directory: String, first: UInt64) throws(EngineError) -> LogSegment {
+        let path = directory + "/" + WALFormat.logName(first: first)
+        let fd = Glibc.open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw EngineError.errno("cannot create \(path)") }
+        let segment = LogSegment(path: path, first: first, fd: fd, size: 0)
+        try segment.append(WALFormat.logHeader(first: first), sync: true)
+        try Files.syncDirectory(directory)
+        return segment
+    }
+
+    /// An existing segment whose whole records end at `validEnd`: anything after is cut (a torn tail).
+    static func open(path: String, first: UInt64, validEnd: Int) throws(EngineError) -> LogSegment {
+        let fd = Glibc.open(path, O_RDWR | O_CLOEXEC)
+        guard fd >= 0 else { throw EngineError.errno("cannot open \(path)") }
+        let segment = LogSegment(path: path, first: first, fd: fd, size: validEnd)
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { throw EngineError.errno("cannot stat \(path)") }
+        if Int(info.st_size) > validEnd {
+            guard ftruncate(fd, off_t(validEnd)) == 0 else { throw EngineError.errno("cannot cut the torn tail of \(path)") }
+            try segment.sync()
+        }
+        return segment
+    }
+
+    /// Writes `bytes` at the end and, with `sync`, makes them durable; on failure cuts them off again, so a
+    /// failed append leaves the segment as it was.
+    func append(_ bytes: UnsafeRawBufferPointer, sync: Bool) throws(EngineError) {
+        var done = 0
+        while done < bytes.count {
+            let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(size + done))
+            if n < 0, errno == EINTR { continue }
+            guard n > 0 else {
+                let error = EngineError.errno("cannot write \(path)")
+                ftruncate(fd, off_t(size))
+                throw error
+            }
+            done += n
+        }
+        if sync, fdatasync(fd) != 0 {
+            let error = EngineError.errno("cannot sync \(path)")
+            ftruncate(fd, off_t(size))
+            throw error
+        }
+        size += bytes.count
+    }
+
+    func append(_ bytes: [UInt8], sync: Bool) throws(EngineError) {
+        var failure: EngineError?
+        bytes.withUnsafeBytes { bytes in
+            do throws(EngineError) { try append(bytes, sync: sync) } catch { failure = error }
+        }
+        if let failure { throw failure }
+    }
+
+    func sync() throws(EngineError) {
+        guard fdatasync(fd) == 0 else { throw EngineError.errno("cannot sync \(path)") }
+    }
+}
+
+/// Encodes an apply as one log record in a buffer it keeps between applies.
+struct RecordEncoder {
+    private var storage: UnsafeMutableRawPointer?
+    private var capacity = 0
+
+    /// The record, after checking every step (key, kind, the injected failure): a refused apply writes nothing.
+    mutating func encode(
+        _ steps: UnsafeBufferPointer<sb_step>, sequence: UInt64, failure: FailureInjection
+    ) throws(EngineError) -> UnsafeRawBufferPointer {
+        var size = WALFormat.recordHeaderSize + 12
+        for (index, step) in steps.enumerated() {
+            try failure.check(stepIndex: index)
+            try step.checkKey()
+            switch Int(step.kind) {
+            case SB_STEP_PUT:
+                guard step.payload.length <= Int(UInt32.max) else {
+                    throw EngineError.invalid("a payload of \(step.payload.length) bytes")
+                }
+                size += 25 + step.key.length + step.payload.length
+            case SB_STEP_REMOVE: size += 5 + step.key.length
+            case SB_STEP_REMOVE_ALL: size += 1
+            default: throw EngineError.invalid("unknown step kind \(step.kind)")
+            }
+        }
+        guard steps.count <= Int(UInt32.max) else { throw EngineError.invalid("an apply of \(steps.count) steps") }
+        if capacity < size {
+            storage?.deallocate()
+            capacity = max(size, 64 * 1024)
+            storage = UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: 8)
+        }
+        let base = storage!
+        var offset = 0
+        func put<T: FixedWidthInteger>(_ value: T) {
+            base.storeBytes(of: value.littleEndian, toByteOffset: offset, as: T.self)
+            offset += MemoryLayout<T>.size
+        }
+        func put(_ bytes: sb_bytes) {
+            if bytes.length > 0 { (base + offset).copyMemory(from: bytes.data!, byteCount: bytes.length) }
+            offset += bytes.length
+        }
+        put(UInt64(size - WALFormat.recordHeaderSize))
+        put(UInt32(0))
+        put(sequence)
+        put(UInt32(steps.count))
+        for step in steps {
+            put(UInt8(step.kind))
+            switch Int(step.kind) {
+            case SB_STEP_PUT:
+                put(UInt32(step.key.length))
+                put(UInt32(step.payload.length))
+                put(step.created_at)
+                put(step.updated_at)
+                put(step.key)
+                put(step.payload)
+            case SB_STEP_REMOVE:
+                put(UInt32(step.key.length))
+                put(step.key)
+            default: break
+            }
+        }
+        let body = UnsafeRawBufferPointer(start: base + WALFormat.recordHeaderSize, count: size - WALFormat.recordHeaderSize)
+        base.storeBytes(of: CRC32C.checksum(body).littleEndian, toByteOffset: 8, as: UInt32.self)
+        return UnsafeRawBufferPointer(start: base, count: size)
+    }
+
+    /// Gives back a buffer a large apply grew (a commit group may hold hundreds of MiB).
+    mutating func shrink() {
+        if capacity > 16 << 20 { release() }
+    }
+
+    mutating func release() {
+        storage?.deallocate()
+        storage = nil
+        capacity = 0
+    }
+}
