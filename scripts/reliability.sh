@@ -58,7 +58,7 @@ step() {
 }
 
 step "self-test" "$tool" self-test
-for engine in sqlite disk c-example; do
+for engine in sqlite disk wal c-example; do
     step "crash $engine" "$tool" crash --engine "$engine" --rounds "$rounds"
 done
 step "live fuzz" "$tool" live-fuzz --frames "$frames" --connections "$fuzz_connections" \

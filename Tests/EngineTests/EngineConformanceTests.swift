@@ -6,9 +6,9 @@ import Testing
 import TestSupport
 
 /// Every engine we ship, and the C example, loaded through the loader exactly as the daemon loads them.
-let allEngines = ["memory", "sqlite", "disk", "c-example"]
+let allEngines = ["memory", "sqlite", "disk", "wal", "c-example"]
 /// The engines that declare `persistent`; `persistenceIsDeclaredHonestly` checks this list against the engines.
-let persistentEngines = ["sqlite", "disk", "c-example"]
+let persistentEngines = ["sqlite", "disk", "wal", "c-example"]
 
 /// Each property of the conformance suite (Sources/EngineConformance, what storebroker-engine-check runs) against
 /// each shipped engine, in process; the kill rounds spawn the checker built beside the tests.
@@ -23,6 +23,18 @@ let persistentEngines = ["sqlite", "disk", "c-example"]
         // The engine's calls are synchronous (fsyncs, an apply of 20,000 items): off the cooperative pool.
         let outcome = await offThePool { await Conformance.check(checked, engine, setup: Self.setup) }
         if case .failed(let message) = outcome { Issue.record("\(name) \(property): \(message)") }
+    }
+
+    /// The wal engine again with 4 KiB segments and FULL: every property holds while segments close and
+    /// snapshots are made behind the applies.
+    @Test(arguments: Conformance.properties.map(\.name))
+    func walWithASnapshotEveryFewKilobytes(property: String) async throws {
+        let engine = try sharedLoader.load("wal")
+        let checked = try #require(Conformance.properties.first { $0.name == property })
+        var setup = Self.setup
+        setup.options = ["snapshot_log_bytes": "4096", "synchronous": "FULL"]
+        let outcome = await offThePool { [setup] in await Conformance.check(checked, engine, setup: setup) }
+        if case .failed(let message) = outcome { Issue.record("wal \(property): \(message)") }
     }
 
     @Test(arguments: allEngines)

@@ -8,7 +8,7 @@ extension Integration {
     /// What is acknowledged survives: a graceful restart keeps everything exactly, and `kill -9` loses no
     /// acknowledged write.
     @Suite struct Durability {
-        @Test(arguments: ["sqlite", "disk"])
+        @Test(arguments: ["sqlite", "disk", "wal"])
         func restartKeepsOrderPayloadsTimestampsAndSequence(engine: String) async throws {
             try await withTemporaryDirectory { directory in
                 let daemon = Daemon(in: directory, arguments: ["--engine", engine])
@@ -41,12 +41,13 @@ extension Integration {
             }
         }
 
-        /// The last case writes 1 KB items long enough that the sqlite engine's checkpoint thread is copying the
-        /// log into the database while the daemon is killed.
-        @Test(arguments: [("sqlite", 300, 16), ("disk", 300, 16), ("sqlite", 3000, 1024)])
+        /// The 1 KB cases write long enough that the sqlite engine's checkpoint thread is copying the log into
+        /// the database, and the wal engine (64 KiB segments) is making snapshots, while the daemon is killed.
+        @Test(arguments: [("sqlite", 300, 16), ("disk", 300, 16), ("sqlite", 3000, 1024), ("wal", 3000, 1024)])
         func killDashNineLosesNoAcknowledgedWrite(engine: String, killAfter: Int, payloadBytes: Int) async throws {
             try await withTemporaryDirectory { directory in
-                let daemon = Daemon(in: directory, arguments: ["--engine", engine])
+                let segments = engine == "wal" ? ["--engine-option", "wal.snapshot_log_bytes=65536"] : []
+                let daemon = Daemon(in: directory, arguments: ["--engine", engine] + segments)
                 try await daemon.start()
                 let pid = daemon.process!.pid
                 let acknowledged = try await writeUntilTheDaemonDies(daemon, payloadBytes: payloadBytes) { writer, n in

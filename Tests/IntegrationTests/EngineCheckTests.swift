@@ -8,7 +8,7 @@ extension Integration {
     @Suite struct EngineCheck {
         static let checker = binDirectory + "/storebroker-engine-check"
 
-        @Test(arguments: ["memory", "sqlite", "disk", "c-example"])
+        @Test(arguments: ["memory", "sqlite", "disk", "wal", "c-example"])
         func everyShippedEnginePasses(engine: String) async throws {
             try await withTemporaryDirectory { directory in
                 let result = try await runProgram(
