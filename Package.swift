@@ -41,6 +41,8 @@ let package = Package(
         .library(name: "storebroker-engine-sqlite", type: .dynamic, targets: ["SQLiteEngine"]),
         .library(name: "storebroker-engine-disk", type: .dynamic, targets: ["DiskEngine"]),
         .library(name: "storebroker-engine-wal", type: .dynamic, targets: ["WALEngine"]),
+        // The wal engine's file format, for its fuzz target (Fuzz/); its one public symbol is `WALFuzzing`.
+        .library(name: "WALFormat", targets: ["WALFormat"]),
         // PostgreSQL (libpq): stores shared by brokers on several hosts (docs/DISTRIBUTED.md).
         .library(name: "storebroker-engine-postgres", type: .dynamic, targets: ["PostgresEngine"]),
         .library(name: "storebroker-engine-c-example", type: .dynamic, targets: ["CExampleEngine"]),
@@ -111,7 +113,9 @@ let package = Package(
             name: "DiskEngine", dependencies: ["StorageEngineKit", "CStorageEngine", "OrderedStorage"],
             path: "Sources/Engines/disk", swiftSettings: requestPath),
         .target(
-            name: "WALEngine", dependencies: ["StorageEngineKit", "CStorageEngine"],
+            name: "WALFormat", dependencies: ["StorageEngineKit", "CStorageEngine"], swiftSettings: requestPath),
+        .target(
+            name: "WALEngine", dependencies: ["WALFormat", "StorageEngineKit", "CStorageEngine"],
             path: "Sources/Engines/wal", swiftSettings: requestPath),
         .systemLibrary(name: "CLibPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
         .target(
@@ -260,7 +264,7 @@ let package = Package(
         .testTarget(
             name: "EngineTests",
             dependencies: [
-                "BrokerCore", "EngineLoader", "EngineConformance", "Wire", "TestSupport",
+                "BrokerCore", "EngineLoader", "EngineConformance", "Wire", "TestSupport", "WALFormat",
                 .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),

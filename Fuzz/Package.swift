@@ -1,5 +1,5 @@
 // swift-tools-version:6.0
-// libFuzzer targets for the wire codec (docs/RELIABILITY.md). A fuzz target has no `main` (libFuzzer brings
+// libFuzzer targets for the wire codec and the wal engine's log records (docs/RELIABILITY.md). A fuzz target has no `main` (libFuzzer brings
 // one), so it cannot live in the main package, whose plain `swift build` would fail to link it. Build them
 // with scripts/reliability.sh, or by hand:
 //
@@ -25,5 +25,7 @@ let package = Package(
         .executableTarget(name: "FuzzFrames", dependencies: ["FuzzSupport"]),
         .executableTarget(name: "FuzzMessages", dependencies: ["FuzzSupport"]),
         .executableTarget(name: "FuzzServerSession", dependencies: ["FuzzSupport"]),
+        .executableTarget(
+            name: "FuzzWALRecords", dependencies: ["FuzzSupport", .product(name: "WALFormat", package: "storebroker")]),
     ]
 )

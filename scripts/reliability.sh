@@ -90,7 +90,7 @@ echo "reliability: building the fuzz targets" >&2
 # Built from scratch whenever the code they reach changed: an incremental build of this separate package once
 # kept a fuzz module compiled against an enum's old layout (a message type had been added), and the targets
 # reported leaks and hangs that a clean build does not have (41 s here).
-fuzz_sources="$(cat Package.swift Fuzz/Package.swift $(find Sources/Wire Sources/StoreModel Sources/OrderedStorage Fuzz/Sources -type f | sort) | sha256sum)"
+fuzz_sources="$(cat Package.swift Fuzz/Package.swift $(find Sources/Wire Sources/StoreModel Sources/OrderedStorage Sources/WALFormat Sources/StorageEngineKit Sources/CStorageEngine Sources/ErrorShape Fuzz/Sources -type f | sort) | sha256sum)"
 if [ "$(cat .build-fuzz/sources.sha256 2>/dev/null)" != "$fuzz_sources" ]; then
     rm -rf .build-fuzz/x86_64-unknown-linux-gnu .build-fuzz/debug .build-fuzz/*.yaml .build-fuzz/build.db
 fi
@@ -120,7 +120,7 @@ fuzz() { # TARGET: prints its JSON line; fails on a finding
         "$target" "$fuzz_seconds" "${runs:-0}" "$passed"
     [ "$passed" = true ]
 }
-for target in FuzzFrames FuzzMessages FuzzServerSession; do
+for target in FuzzFrames FuzzMessages FuzzServerSession FuzzWALRecords; do
     step "libFuzzer $target" fuzz "$target"
 done
 

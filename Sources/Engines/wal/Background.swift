@@ -1,4 +1,5 @@
 import StorageEngineKit
+import WALFormat
 import Synchronization
 
 #if canImport(Glibc)

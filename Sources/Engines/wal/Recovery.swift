@@ -1,4 +1,5 @@
 import StorageEngineKit
+import WALFormat
 
 #if canImport(Glibc)
 import Glibc

@@ -1,5 +1,6 @@
 import CStorageEngine
 import StorageEngineKit
+import WALFormat
 
 #if canImport(Glibc)
 import Glibc

@@ -18,23 +18,23 @@ import Glibc
 //                                         before it (u32) and "sbwal-e1"
 //
 // The decoding here is total: any bytes yield records, a clean end, or a reason they do not check out (the fuzz
-// target `WALRecords` holds it to that).
+// target `FuzzWALRecords` holds it to that, through `WALFuzzing`).
 
-enum WALFormat {
-    static let logMagic = Array("sbwal-l1".utf8)
-    static let snapshotMagic = Array("sbwal-s1".utf8)
-    static let snapshotEnd = Array("sbwal-e1".utf8)
-    static let logHeaderSize = 16
-    static let recordHeaderSize = 12
-    static let snapshotHeaderSize = 16
-    static let snapshotTrailerSize = 28
-    static let maximumKeyLength = Int(SB_MAX_KEY_LENGTH)
+package enum WALFormat {
+    package static let logMagic = Array("sbwal-l1".utf8)
+    package static let snapshotMagic = Array("sbwal-s1".utf8)
+    package static let snapshotEnd = Array("sbwal-e1".utf8)
+    package static let logHeaderSize = 16
+    package static let recordHeaderSize = 12
+    package static let snapshotHeaderSize = 16
+    package static let snapshotTrailerSize = 28
+    package static let maximumKeyLength = Int(SB_MAX_KEY_LENGTH)
 
-    static func logName(first: UInt64) -> String { "log-" + hex(first) }
-    static func snapshotName(sequence: UInt64) -> String { "snapshot-" + hex(sequence) }
+    package static func logName(first: UInt64) -> String { "log-" + hex(first) }
+    package static func snapshotName(sequence: UInt64) -> String { "snapshot-" + hex(sequence) }
 
     /// The sequence a file name carries after `prefix` (exactly 16 lowercase hex digits), or nil.
-    static func sequence(inName name: String, prefix: String) -> UInt64? {
+    package static func sequence(inName name: String, prefix: String) -> UInt64? {
         guard name.hasPrefix(prefix) else { return nil }
         let digits = name.dropFirst(prefix.count)
         guard digits.count == 16, digits.allSatisfy({ $0.isHexDigit && !$0.isUppercase }) else { return nil }
@@ -46,7 +46,7 @@ enum WALFormat {
         return String(repeating: "0", count: 16 - digits.count) + digits
     }
 
-    static func logHeader(first: UInt64) -> [UInt8] {
+    package static func logHeader(first: UInt64) -> [UInt8] {
         var header = logMagic
         withUnsafeBytes(of: first.littleEndian) { header.append(contentsOf: $0) }
         return header
@@ -54,30 +54,30 @@ enum WALFormat {
 }
 
 /// Reads little-endian fields from bytes it does not own; every read returns nil past the end.
-struct ByteReader {
-    let bytes: UnsafeRawBufferPointer
-    var offset: Int
+package struct ByteReader {
+    package let bytes: UnsafeRawBufferPointer
+    package var offset: Int
 
-    init(_ bytes: UnsafeRawBufferPointer, at offset: Int = 0) {
+    package init(_ bytes: UnsafeRawBufferPointer, at offset: Int = 0) {
         self.bytes = bytes
         self.offset = offset
     }
 
-    var remaining: Int { bytes.count - offset }
+    package var remaining: Int { bytes.count - offset }
 
-    mutating func take(_ count: Int) -> UnsafeRawBufferPointer? {
+    package mutating func take(_ count: Int) -> UnsafeRawBufferPointer? {
         guard count >= 0, count <= remaining else { return nil }
         defer { offset += count }
         return UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + count)])
     }
 
-    mutating func integer<T: FixedWidthInteger>(_: T.Type = T.self) -> T? {
+    package mutating func integer<T: FixedWidthInteger>(_: T.Type = T.self) -> T? {
         guard let field = take(MemoryLayout<T>.size) else { return nil }
         return T(littleEndian: field.loadUnaligned(as: T.self))
     }
 
     /// A put's fields (or a snapshot item): nil if short or if the key is empty or too long.
-    mutating func item() -> WALItem? {
+    package mutating func item() -> WALItem? {
         guard let keyLength = integer(UInt32.self), let payloadLength = integer(UInt32.self),
             let createdAt = integer(UInt64.self), let updatedAt = integer(UInt64.self),
             (1...WALFormat.maximumKeyLength).contains(Int(keyLength)),
@@ -86,7 +86,7 @@ struct ByteReader {
         return WALItem(key: key, payload: payload, createdAt: createdAt, updatedAt: updatedAt)
     }
 
-    mutating func step() -> LogStep? {
+    package mutating func step() -> LogStep? {
         switch integer(UInt8.self).map(Int.init) {
         case SB_STEP_PUT: item().map(LogStep.put)
         case SB_STEP_REMOVE:
@@ -100,29 +100,29 @@ struct ByteReader {
 }
 
 /// An item as the files hold it; its bytes belong to the mapping it was read from.
-struct WALItem {
-    var key: UnsafeRawBufferPointer
-    var payload: UnsafeRawBufferPointer
-    var createdAt: UInt64
-    var updatedAt: UInt64
+package struct WALItem {
+    package var key: UnsafeRawBufferPointer
+    package var payload: UnsafeRawBufferPointer
+    package var createdAt: UInt64
+    package var updatedAt: UInt64
 }
 
-enum LogStep {
+package enum LogStep {
     case put(WALItem)
     case remove(UnsafeRawBufferPointer)
     case removeAll
 }
 
 /// One whole record of a log segment.
-struct LogRecord {
-    var sequence: UInt64
-    var stepCount: Int
+package struct LogRecord {
+    package var sequence: UInt64
+    package var stepCount: Int
     /// The steps' bytes, checked to hold exactly `stepCount` well-formed steps.
-    var steps: UnsafeRawBufferPointer
+    package var steps: UnsafeRawBufferPointer
     /// Where the next record starts.
-    var end: Int
+    package var end: Int
 
-    func forEachStep(_ body: (LogStep) throws(EngineError) -> Void) throws(EngineError) {
+    package func forEachStep(_ body: (LogStep) throws(EngineError) -> Void) throws(EngineError) {
         var reader = ByteReader(steps)
         for _ in 0..<stepCount {
             // Checked when the record was read: a step that no longer parses means the bytes moved.
@@ -132,7 +132,7 @@ struct LogRecord {
     }
 }
 
-enum RecordRead {
+package enum RecordRead {
     case record(LogRecord)
     /// The segment ends here, cleanly.
     case end
@@ -142,7 +142,7 @@ enum RecordRead {
 
 extension LogRecord {
     /// The record at `offset` of a segment's bytes.
-    static func read(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> RecordRead {
+    package static func read(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> RecordRead {
         var reader = ByteReader(bytes, at: offset)
         guard reader.remaining > 0 else { return .end }
         guard let length = reader.integer(UInt64.self), let checksum = reader.integer(UInt32.self) else {
@@ -167,11 +167,11 @@ extension LogRecord {
 
 /// A file mapped read-only, whole or its first `length` bytes; unmapped when released. Files are only appended
 /// to or replaced by a rename while mapped, never cut, so a mapping never faults.
-final class Mapping {
-    let bytes: UnsafeRawBufferPointer
-    let path: String
+package final class Mapping {
+    package let bytes: UnsafeRawBufferPointer
+    package let path: String
 
-    init(_ path: String, length: Int? = nil) throws(EngineError) {
+    package init(_ path: String, length: Int? = nil) throws(EngineError) {
         self.path = path
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw EngineError.errno("cannot open \(path)") }
@@ -196,12 +196,12 @@ final class Mapping {
 }
 
 /// A snapshot file, its header and trailer checked; its items' checksum is checked as they are read.
-struct SnapshotFile {
-    let mapping: Mapping
-    let sequence: UInt64
-    let count: UInt64
+package struct SnapshotFile {
+    package let mapping: Mapping
+    package let sequence: UInt64
+    package let count: UInt64
 
-    init(_ path: String) throws(EngineError) {
+    package init(_ path: String) throws(EngineError) {
         mapping = try Mapping(path)
         let bytes = mapping.bytes
         let minimum = WALFormat.snapshotHeaderSize + WALFormat.snapshotTrailerSize
@@ -220,7 +220,7 @@ struct SnapshotFile {
 
     /// Every item in order, until `body` returns false (then false); fails if an item does not parse, the
     /// count disagrees or the checksum fails, which may be after some items were handed out.
-    func forEachItem(_ body: (WALItem) throws(EngineError) -> Bool) throws(EngineError) -> Bool {
+    package func forEachItem(_ body: (WALItem) throws(EngineError) -> Bool) throws(EngineError) -> Bool {
         let bytes = mapping.bytes
         let itemsEnd = bytes.count - WALFormat.snapshotTrailerSize
         var reader = ByteReader(UnsafeRawBufferPointer(rebasing: bytes[..<itemsEnd]), at: WALFormat.snapshotHeaderSize)
@@ -249,16 +249,16 @@ struct SnapshotFile {
 }
 
 /// Writes a snapshot through a buffer, with its checksum; `finish` makes it durable under its final name.
-final class SnapshotWriter {
-    let temporaryPath: String
+package final class SnapshotWriter {
+    package let temporaryPath: String
     private var fd: Int32
     private var buffer: [UInt8] = []
     private var checksum: UInt32 = 0
     private var count: UInt64 = 0
     /// The bytes written so far.
-    private(set) var written = 0
+    package private(set) var written = 0
 
-    init(temporaryPath: String, sequence: UInt64) throws(EngineError) {
+    package init(temporaryPath: String, sequence: UInt64) throws(EngineError) {
         self.temporaryPath = temporaryPath
         fd = open(temporaryPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw EngineError.errno("cannot create \(temporaryPath)") }
@@ -271,7 +271,7 @@ final class SnapshotWriter {
         withUnsafeBytes(of: value.littleEndian) { buffer.append(contentsOf: $0) }
     }
 
-    func add(_ item: WALItem) throws(EngineError) {
+    package func add(_ item: WALItem) throws(EngineError) {
         append(UInt32(item.key.count))
         append(UInt32(item.payload.count))
         append(item.createdAt)
@@ -290,7 +290,7 @@ final class SnapshotWriter {
     }
 
     /// Writes the trailer, syncs, and renames the file to `path`; the caller syncs the directory.
-    func finish(sequence: UInt64, as path: String) throws(EngineError) {
+    package func finish(sequence: UInt64, as path: String) throws(EngineError) {
         append(count)
         append(sequence)
         checksum = buffer.withUnsafeBytes { CRC32C.update(checksum, $0) }
@@ -306,7 +306,7 @@ final class SnapshotWriter {
     }
 
     /// Gives up: the file is closed and deleted.
-    func abandon() {
+    package func abandon() {
         if fd >= 0 { close(fd) }
         fd = -1
         unlink(temporaryPath)

@@ -2,7 +2,7 @@
 // the checksum of every log record and snapshot. A table-driven byte-at-a-time CRC runs at about one byte per
 // cycle; eight tables read a 64-bit word per step, which keeps a 5 MB commit group's checksum under its write.
 
-enum CRC32C {
+package enum CRC32C {
     /// Eight tables of 256 entries, one after another: table k maps a byte to its CRC contribution k bytes on.
     private static let tables: [UInt32] = {
         var tables = [UInt32](repeating: 0, count: 8 * 256)
@@ -21,7 +21,7 @@ enum CRC32C {
     }()
 
     /// The CRC of `bytes` continued from `crc` (0 to start).
-    static func update(_ crc: UInt32, _ bytes: UnsafeRawBufferPointer) -> UInt32 {
+    package static func update(_ crc: UInt32, _ bytes: UnsafeRawBufferPointer) -> UInt32 {
         guard var p = bytes.baseAddress else { return crc }
         var n = bytes.count
         var c = ~crc
@@ -46,5 +46,5 @@ enum CRC32C {
         return ~c
     }
 
-    static func checksum(_ bytes: UnsafeRawBufferPointer) -> UInt32 { update(0, bytes) }
+    package static func checksum(_ bytes: UnsafeRawBufferPointer) -> UInt32 { update(0, bytes) }
 }

@@ -10,19 +10,19 @@ import Glibc
 // snapshot keeps bounded.
 
 /// Key bytes compared and hashed as bytes; they belong to a mapping that outlives the value.
-struct KeyBytes: Hashable {
-    let bytes: UnsafeRawBufferPointer
+package struct KeyBytes: Hashable {
+    package let bytes: UnsafeRawBufferPointer
 
-    static func == (a: KeyBytes, b: KeyBytes) -> Bool {
+    package static func == (a: KeyBytes, b: KeyBytes) -> Bool {
         a.bytes.count == b.bytes.count && (a.bytes.count == 0 || memcmp(a.bytes.baseAddress!, b.bytes.baseAddress!, a.bytes.count) == 0)
     }
 
-    func hash(into hasher: inout Hasher) { hasher.combine(bytes: bytes) }
+    package func hash(into hasher: inout Hasher) { hasher.combine(bytes: bytes) }
 }
 
 /// The effect of log records on a snapshot, step by step, in the store's order rules: a put of a key the
 /// snapshot may hold replaces it in place unless the log removed it first; every other put goes last.
-struct LogEffects {
+package struct LogEffects {
     private struct Entry {
         var item: WALItem
         /// The put may replace a snapshot item in place: no remove or remove-all of its key came before it.
@@ -39,10 +39,12 @@ struct LogEffects {
     private var touched: [KeyBytes: Int] = [:]
     private var entries: [Entry] = []
 
-    /// Nothing to change: the snapshot is the store.
-    var isEmpty: Bool { !cleared && removed.isEmpty && touched.isEmpty }
+    package init() {}
 
-    mutating func apply(_ step: LogStep) {
+    /// Nothing to change: the snapshot is the store.
+    package var isEmpty: Bool { !cleared && removed.isEmpty && touched.isEmpty }
+
+    package mutating func apply(_ step: LogStep) {
         switch step {
         case .put(let item):
             let key = KeyBytes(bytes: item.key)
@@ -66,7 +68,7 @@ struct LogEffects {
 
     /// The store's items in order: the snapshot's that survive, each replaced by its in-place put, then the
     /// other puts in the order they were made. Stops when `body` returns false (and returns false).
-    mutating func merge(
+    package mutating func merge(
         into snapshot: SnapshotFile?, _ body: (WALItem) throws(EngineError) -> Bool
     ) throws(EngineError) -> Bool {
         if let snapshot, !cleared {
