@@ -41,6 +41,8 @@ let package = Package(
         .library(name: "storebroker-engine-sqlite", type: .dynamic, targets: ["SQLiteEngine"]),
         .library(name: "storebroker-engine-disk", type: .dynamic, targets: ["DiskEngine"]),
         .library(name: "storebroker-engine-wal", type: .dynamic, targets: ["WALEngine"]),
+        // Preloaded by the conformance checker into a child whose power cut it simulates (power-loss property).
+        .library(name: "storebroker-powercut", type: .dynamic, targets: ["CPowerCut"]),
         // The wal engine's file format, for its fuzz target (Fuzz/); its one public symbol is `WALFuzzing`.
         .library(name: "WALFormat", targets: ["WALFormat"]),
         // PostgreSQL (libpq): stores shared by brokers on several hosts (docs/DISTRIBUTED.md).
@@ -82,6 +84,7 @@ let package = Package(
         ),
         // The engine ABI: one C header, shared by the loader, the engines and engines written elsewhere.
         .target(name: "CStorageEngine"),
+        .target(name: "CPowerCut", linkerSettings: [.linkedLibrary("dl")]),
         .target(
             name: "EngineLoader",
             dependencies: [

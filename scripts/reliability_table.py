@@ -42,6 +42,12 @@ for step in steps:
                      f"{step['unacknowledged_writes_found_whole']} writes in flight at a kill found whole; "
                      f"restart to first answer ≤ {step['restart_to_first_answer_s_max']:.2f} s",
                      f"violations: {violations(step)}", result))
+    elif kind == "power-cut":
+        options = f" ({step['options']})" if step["options"] else ""
+        rows.append((f"power cut, {step['engine']}{options}",
+                     f"{step['rounds']} rounds of the checker's power-loss property: every unsynced write lost, or "
+                     f"torn in 512-byte sectors", "opened undamaged within its promise" if step["passed"]
+                     else "see the checker's message", result))
     elif kind == "live-fuzz":
         rows.append(("mutated frames over live connections",
                      f"{step['frames']:,} frames over {step['connections']:,} connections "

@@ -6,11 +6,17 @@ import TestSupport
 
 /// A kill round: the checker `posix_spawn`s itself as a child (`--crash-child`) that applies a known sequence of
 /// applies to one store, printing each sequence once its apply returned SB_OK; the parent kills it with SIGKILL
-/// at a random moment, reopens the store and compares it with the model of the sequence it opened at.
+/// at a random moment, reopens the store and compares it with the model of the sequence it opened at. With a
+/// `PowerCut`, the child runs with the power-cut library preloaded and the parent turns the store's files into
+/// what a power cut would leave before it reopens them.
 enum CrashRound {
     struct Outcome {
         /// The last sequence the child printed (its apply returned SB_OK).
         var acknowledged: UInt64
+        /// Each sequence the child printed, with when (`monotonicMilliseconds`).
+        var acknowledgements: [(sequence: UInt64, at: UInt64)]
+        /// When the child was killed (`monotonicMilliseconds`).
+        var killedAt: UInt64
         var opened: UInt64
         var contents: [EngineRecord]
     }
@@ -18,13 +24,17 @@ enum CrashRound {
     /// The arguments that make the checker the child.
     static let childFlag = "--crash-child"
 
-    static func run(_ context: Context, round: Int) async throws -> Outcome {
-        let directory = try context.storeDirectory("crash")
+    /// `runFor`: how long the child applies after its first apply returned, in milliseconds, before the kill.
+    static func run(
+        _ context: Context, round: Int, powerCut: PowerCut? = nil, runFor: ClosedRange<Int> = 20...400
+    ) async throws -> Outcome {
+        let directory = try context.storeDirectory(powerCut == nil ? "crash" : "power-cut-\(round)")
         let output = context.directory + "/child-\(round).out"
         var arguments = [context.setup.checker, childFlag, context.engine.path, directory, context.storeName(directory)]
         for (key, value) in context.setup.options.sorted(by: { $0.key < $1.key }) { arguments += ["\(key)=\(value)"] }
         let child = try ChildProcess(
-            arguments, stdoutPath: output, stderrPath: context.directory + "/child-\(round).err", in: context.directory)
+            arguments, stdoutPath: output, stderrPath: context.directory + "/child-\(round).err", in: context.directory,
+            environment: try powerCut?.environment(recording: directory))
         // Let it commit a few applies, then kill it at a random moment.
         let started = await eventually(within: 60) { !completeLines(output).isEmpty || hasExited(child) }
         guard started, !completeLines(output).isEmpty else {
@@ -32,15 +42,23 @@ enum CrashRound {
             await child.wait()
             throw Violation(message: "round \(round): the child made no apply: \(child.stderr.suffix(500))")
         }
-        try await Task.sleep(for: .milliseconds(Int.random(in: 20...400)))
+        try await Task.sleep(for: .milliseconds(Int.random(in: runFor)))
+        let killedAt = monotonicMilliseconds()
         child.signal(SIGKILL)
         let status = await child.wait()
-        let acknowledged = completeLines(output).last.flatMap { UInt64($0) } ?? 0
+        let acknowledgements = completeLines(output).compactMap { line -> (sequence: UInt64, at: UInt64)? in
+            let fields = line.split(separator: " ")
+            guard fields.count == 2, let sequence = UInt64(fields[0]), let at = UInt64(fields[1]) else { return nil }
+            return (sequence, at)
+        }
         guard status == 128 + SIGKILL else {
             throw Violation(message: "round \(round): the child exited with \(status) before the kill: \(child.stderr.suffix(500))")
         }
+        try powerCut?.cut(directory)
         return try context.withStore(directory) { store in
-            Outcome(acknowledged: acknowledged, opened: store.openedSequence, contents: try store.contents())
+            Outcome(
+                acknowledged: acknowledgements.last?.sequence ?? 0, acknowledgements: acknowledgements, killedAt: killedAt,
+                opened: store.openedSequence, contents: try store.contents())
         }
     }
 
@@ -103,7 +121,8 @@ enum CrashRound {
     }
 
     /// The child: `CHECKER --crash-child ENGINE.so DIRECTORY STORE [KEY=VALUE ...]`. Opens the store and applies from
-    /// the sequence after the one it opened at, printing each sequence once its apply returned; it stops by
+    /// the sequence after the one it opened at, printing each sequence once its apply returned, and when
+    /// (`monotonicMilliseconds`); it stops by
     /// itself after 60 s (the parent kills it long before).
     static func child(_ arguments: [String]) -> Int32 {
         guard arguments.count >= 3 else { return 64 }
@@ -120,7 +139,7 @@ enum CrashRound {
             while Date() < deadline {
                 sequence += 1
                 try store.apply(steps(sequence), sequence: sequence)
-                let line = Array("\(sequence)\n".utf8)
+                let line = Array("\(sequence) \(monotonicMilliseconds())\n".utf8)
                 _ = line.withUnsafeBytes { write(1, $0.baseAddress, $0.count) }
             }
             store.close()
@@ -130,4 +149,11 @@ enum CrashRound {
             return 1
         }
     }
+}
+
+/// CLOCK_MONOTONIC in milliseconds: one clock for the checker and its children.
+func monotonicMilliseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return UInt64(now.tv_sec) * 1000 + UInt64(now.tv_nsec) / 1_000_000
 }

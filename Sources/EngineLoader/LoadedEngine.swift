@@ -126,6 +126,18 @@ public final class LoadedEngine: SharedStorageEngine, @unchecked Sendable {
         }
     }
 
+    /// What a power cut may take of the acknowledged applies under `options`, in milliseconds (ABI 2.2;
+    /// `UInt64.max`: any number). An engine built for an older minor version is held to 0.
+    public func powerLossWindow(options: [String: String]) throws(EngineFailure) -> UInt64 {
+        guard let window = functions.power_loss_window else { return 0 }
+        return try withOptions(options) { (list, count) throws(EngineFailure) in
+            var error = sb_error()
+            var milliseconds: UInt64 = 0
+            try check(window(table, list, count, &milliseconds, &error), &error)
+            return milliseconds
+        }
+    }
+
     public func open(directory: String, store: String, options: [String: String]) throws(EngineFailure)
         -> any EngineStore
     {

@@ -91,6 +91,14 @@ public protocol EngineDefinition: AnyObject, Sendable {
     func open(directory: String, store: String, options: [String: String]) throws(EngineError)
         -> (store: any EngineStoreImplementation, sequence: UInt64)
     func drop(directory: String, store: String, options: [String: String]) throws(EngineError)
+    /// What a power cut may take of the acknowledged applies under `options` (ABI 2.2's `power_loss_window`):
+    /// milliseconds, or `SB_POWER_LOSS_UNBOUNDED`. An engine that syncs every apply before it returns says 0, the
+    /// default.
+    func powerLossWindow(_ options: [String: String]) throws(EngineError) -> UInt64
+}
+
+extension EngineDefinition {
+    public func powerLossWindow(_ options: [String: String]) throws(EngineError) -> UInt64 { 0 }
 }
 
 /// An engine whose stores live in a database several hosts share (SB_CAP_SHARED, ABI 2.1): it also watches them.
@@ -263,7 +271,12 @@ public enum EngineExport {
                 }
             },
             load: nil, apply_at: nil, commits_since: nil, watch_open: nil, watch_changes: nil, watch_close: nil,
-            list_stores: nil)
+            list_stores: nil,
+            power_loss_window: { table, options, count, outWindow, error in
+                report(error) { () throws(EngineError) in
+                    outWindow!.pointee = try EngineExport.definition(table!).powerLossWindow(EngineExport.options(options, count))
+                }
+            })
         var filled = table
         if engine is any SharedEngineDefinition { EngineExport.fillShared(&filled) }
         raw.initializeMemory(as: storebroker_engine.self, to: filled)

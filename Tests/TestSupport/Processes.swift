@@ -133,13 +133,15 @@ public final class Flag: @unchecked Sendable {
     public func set() { lock.withLock { value = true } }
 }
 
-/// Runs a program (an absolute path, no shell) and waits for it (killed after 60 s).
-public func runProgram(_ arguments: [String], stdin: String? = nil, in directory: String) async throws -> ProcessResult {
+/// Runs a program (an absolute path, no shell) and waits for it (killed after `seconds`).
+public func runProgram(
+    _ arguments: [String], stdin: String? = nil, in directory: String, atMost seconds: Int = 60
+) async throws -> ProcessResult {
     let name = UUID().uuidString
     let child = try ChildProcess(
         arguments, stdin: stdin, stdoutPath: directory + "/\(name).out", stderrPath: directory + "/\(name).err",
         in: directory)
-    let status = await child.wait(atMost: 60)
+    let status = await child.wait(atMost: Double(seconds))
     let result = ProcessResult(status: status, stdout: child.stdout, stderr: child.stderr)
     unlink(child.stdoutPath)
     unlink(child.stderrPath)

@@ -8,8 +8,14 @@
  *   -DBREAK_ACCEPTS_BAD_OPTIONS  check_options accepts anything; open ignores a bad fail_after_steps
  *   -DBREAK_CUTS_KEYS            keys longer than 255 bytes are cut to 255
  *   -DBREAK_HANGS                a scan never returns
+ *   -DBREAK_NEVER_SYNCS          no fsync reaches the disk: a kill loses nothing, a power cut loses everything
  *
  * The checker must fail each and name the property (Tests/IntegrationTests/EngineCheckTests.swift). */
+#if defined(BREAK_NEVER_SYNCS)
+#define _GNU_SOURCE /* as engine.c does, before the first system header */
+#include <unistd.h>
+#define fsync(fd) ((void)(fd), 0)
+#endif
 #define storebroker_engine_entry c_example_entry
 #include "../../examples/c-engine/engine.c"
 #undef storebroker_engine_entry
@@ -188,6 +194,8 @@ static void broken_init(void) {
     broken.open = broken_open;
 #elif defined(BREAK_CUTS_KEYS)
     broken.apply = broken_apply;
+#elif defined(BREAK_NEVER_SYNCS)
+    /* the defect is the fsync macro above: every call of the table is the example's own */
 #else
 #error "choose a BREAK_* defect"
 #endif

@@ -50,10 +50,14 @@ extern "C" {
 #endif
 
 #define SB_ENGINE_ABI_MAJOR 2
-#define SB_ENGINE_ABI_MINOR 1
+#define SB_ENGINE_ABI_MINOR 2
 
 /* The longest key, in bytes. */
 #define SB_MAX_KEY_LENGTH 1024
+
+/* ABI 2.2: the `power_loss_window` of an engine that may lose any number of acknowledged commits in a power cut
+ * (but opens undamaged, at a commit it acknowledged). */
+#define SB_POWER_LOSS_UNBOUNDED 0xFFFFFFFFFFFFFFFFULL
 
 /* The name of the symbol every engine exports. */
 #define SB_ENGINE_ENTRY_SYMBOL "storebroker_engine_entry"
@@ -289,6 +293,16 @@ struct storebroker_engine {
      * order: the host lists stores other hosts created that it has not seen yet. */
     int32_t (*list_stores)(const storebroker_engine *engine, const sb_option *options, size_t option_count,
                            sb_name_sink sink, void *context, sb_error *error);
+
+    /* --- ABI 2.2 --- */
+
+    /* What a power cut (or a kernel crash) may take of what `apply` acknowledged, under these options: sets
+     * `*out_window_ms` to the milliseconds before the cut whose acknowledged applies may be gone (0: none, every
+     * acknowledged apply survives; SB_POWER_LOSS_UNBOUNDED: any number may be gone). Whatever it says, the
+     * store opens undamaged after a power cut, at an apply it made. NULL, or a table that ends before it (an
+     * engine built for 2.1 or 2.0): 0. The conformance checker's `power-loss` property holds engines to it. */
+    int32_t (*power_loss_window)(const storebroker_engine *engine, const sb_option *options, size_t option_count,
+                                 uint64_t *out_window_ms, sb_error *error);
 
     /* --- Members added by later minor versions go here, and only here. --- */
 };

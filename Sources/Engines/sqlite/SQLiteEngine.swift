@@ -48,6 +48,13 @@ final class SQLiteEngine: EngineDefinition {
         _ = try Settings(options)
     }
 
+    /// FULL and EXTRA sync the log at every commit; NORMAL syncs it only at checkpoints, so a power cut may take
+    /// any number of the last commits (the database stays consistent). OFF may also damage it, which no value
+    /// here can promise away: `power-loss` fails it.
+    func powerLossWindow(_ options: [String: String]) throws(EngineError) -> UInt64 {
+        ["FULL", "EXTRA"].contains(try Settings(options).synchronous) ? 0 : UInt64(SB_POWER_LOSS_UNBOUNDED)
+    }
+
     func open(directory: String, store: String, options: [String: String]) throws(EngineError)
         -> (store: any EngineStoreImplementation, sequence: UInt64)
     {

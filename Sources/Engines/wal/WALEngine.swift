@@ -34,6 +34,11 @@ final class WALEngine: EngineDefinition {
         return (store, store.sequence)
     }
 
+    /// FULL: none. NORMAL: the sync interval and as long again for the sync itself, as Redis says of `everysec`.
+    func powerLossWindow(_ options: [String: String]) throws(EngineError) -> UInt64 {
+        try WALSettings(options).full ? 0 : 2 * WALSettings.syncIntervalNanoseconds / 1_000_000
+    }
+
     func drop(directory: String, store: String, options: [String: String]) throws(EngineError) {
         for name in try Files.list(directory)
         where name.hasPrefix("log-") || name.hasPrefix("snapshot-") || name.hasSuffix(".tmp") {

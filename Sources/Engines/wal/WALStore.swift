@@ -8,13 +8,13 @@ import Glibc
 #endif
 
 /// One store of the wal engine. The host's calls (never two at once) own the segment being appended to; the
-/// store's background thread syncs it under `NORMAL` and folds closed segments into snapshots, so that no apply
+/// store's background threads sync it under `NORMAL` and fold closed segments into snapshots, so that no apply
 /// waits for a snapshot: an apply that closes a segment pays one `fdatasync` of it and the creation of the next.
 final class WALStore: EngineStoreImplementation {
     private let directory: String
     private let settings: WALSettings
     private let background: WALBackground
-    private var thread: pthread_t
+    private var threads: [pthread_t]
     /// The segment applies append to.
     private var log: LogSegment
     private(set) var sequence: UInt64
@@ -33,7 +33,7 @@ final class WALStore: EngineStoreImplementation {
         background = WALBackground(
             directory: directory, snapshot: recovered.snapshot, sealed: recovered.sealed,
             sealedThrough: recovered.current.first - 1)
-        thread = try background.start()
+        threads = try background.start(syncing: !settings.full)
     }
 
     func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence: UInt64) throws(EngineError) {
@@ -100,7 +100,7 @@ final class WALStore: EngineStoreImplementation {
 
     func close() {
         background.stop()
-        pthread_join(thread, nil)
+        for thread in threads { pthread_join(thread, nil) }
         // What NORMAL left unsynced is synced now; close cannot fail, and what a failure here loses is within
         // NORMAL's window.
         if !settings.full { try? log.sync() }
@@ -108,7 +108,7 @@ final class WALStore: EngineStoreImplementation {
     }
 }
 
-/// A log segment open for appending. Only the host's calls append; the background thread may sync it.
+/// A log segment open for appending. Only the host's calls append; the sync thread may sync it.
 final class LogSegment: @unchecked Sendable {
     let path: String
     /// The first sequence it may hold.

@@ -1,0 +1,199 @@
+/* libstorebroker-powercut.so: preloaded (LD_PRELOAD) into a process whose files under one directory tree are to
+ * survive a simulated power cut. It records, in a shadow directory, what the syncs of that process made durable:
+ *
+ *   content-<inode>   a regular file's bytes as they were when fsync or fdatasync of it last returned 0
+ *   names-<inode>     a directory's entries when fsync of it last returned 0: one line per entry, "f" or "d",
+ *                     the entry's inode, its name
+ *
+ * and syncfs or sync records every file and directory of the tree. Each record is written to a temporary name and
+ * renamed, so a SIGKILL never leaves half a record. The process's own view of its files is untouched: writes
+ * go to the real files, the real syncs run first, and a failed sync records nothing.
+ *
+ * After killing the process, the conformance checker (Sources/EngineConformance/PowerCut.swift) builds the tree
+ * a power cut would leave: the names the last directory syncs recorded, each file with its last synced bytes, or
+ * with some 512-byte sectors of what was written after that, as a disk may tear unsynced writes.
+ *
+ * Environment: SB_POWERCUT_ROOT, the tree (an absolute path without a trailing slash); SB_POWERCUT_SHADOW, the
+ * directory for the records. Without both the library does nothing. Entry names must not hold a newline. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *root;
+static size_t root_length;
+static const char *shadow;
+static int (*real_fsync)(int);
+static int (*real_fdatasync)(int);
+static int (*real_syncfs)(int);
+static void (*real_sync)(void);
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+/* One sync is recorded at a time: two threads recording one file would race on its temporary name. */
+static pthread_mutex_t recording = PTHREAD_MUTEX_INITIALIZER;
+
+static void setup(void) {
+    real_fsync = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    real_fdatasync = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    real_syncfs = (int (*)(int))dlsym(RTLD_NEXT, "syncfs");
+    real_sync = (void (*)(void))dlsym(RTLD_NEXT, "sync");
+    root = getenv("SB_POWERCUT_ROOT");
+    shadow = getenv("SB_POWERCUT_SHADOW");
+    if (!root || !shadow || root[0] != '/') root = shadow = NULL;
+    if (root) root_length = strlen(root);
+}
+
+static int under_root(const char *path) {
+    return root && strncmp(path, root, root_length) == 0 && (path[root_length] == '\0' || path[root_length] == '/');
+}
+
+/* Writes `length` bytes to shadow/<name> through a temporary name. */
+static void put_record(const char *name, const char *bytes, size_t length) {
+    char final[PATH_MAX], temporary[PATH_MAX];
+    snprintf(final, sizeof final, "%s/%s", shadow, name);
+    snprintf(temporary, sizeof temporary, "%s/%s.tmp", shadow, name);
+    int fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) abort(); /* a record that cannot be kept would make the check pass wrongly */
+    size_t done = 0;
+    while (done < length) {
+        ssize_t n = write(fd, bytes + done, length - done);
+        if (n <= 0) abort();
+        done += (size_t)n;
+    }
+    close(fd);
+    if (rename(temporary, final) != 0) abort();
+}
+
+/* Records the bytes of the regular file open as `fd`. */
+static void record_file(int fd, ino_t inode) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int readable = open(path, O_RDONLY | O_CLOEXEC); /* `fd` may be open for writing only */
+    if (readable < 0) abort();
+    struct stat info;
+    if (fstat(readable, &info) != 0) abort();
+    size_t size = (size_t)info.st_size, done = 0;
+    char *bytes = malloc(size ? size : 1);
+    if (!bytes) abort();
+    while (done < size) {
+        ssize_t n = pread(readable, bytes + done, size - done, (off_t)done);
+        if (n < 0) abort();
+        if (n == 0) break; /* cut meanwhile */
+        done += (size_t)n;
+    }
+    close(readable);
+    char name[64];
+    snprintf(name, sizeof name, "content-%llu", (unsigned long long)inode);
+    put_record(name, bytes, done);
+    free(bytes);
+}
+
+/* Records the entries of the directory at `path`. */
+static void record_directory(const char *path, ino_t inode) {
+    DIR *directory = opendir(path);
+    if (!directory) abort();
+    size_t capacity = 4096, length = 0;
+    char *lines = malloc(capacity);
+    if (!lines) abort();
+    struct dirent *entry;
+    while ((entry = readdir(directory))) {
+        if (!strcmp(entry->d_name, ".") || !strcmp(entry->d_name, "..")) continue;
+        char type;
+        if (entry->d_type == DT_DIR) type = 'd';
+        else if (entry->d_type == DT_REG) type = 'f';
+        else continue;
+        size_t needed = strlen(entry->d_name) + 32;
+        if (length + needed > capacity) {
+            capacity = (length + needed) * 2;
+            lines = realloc(lines, capacity);
+            if (!lines) abort();
+        }
+        length += (size_t)sprintf(lines + length, "%c %llu %s\n", type, (unsigned long long)entry->d_ino, entry->d_name);
+    }
+    closedir(directory);
+    char name[64];
+    snprintf(name, sizeof name, "names-%llu", (unsigned long long)inode);
+    put_record(name, lines, length);
+    free(lines);
+}
+
+/* Records what a successful sync of `fd` made durable, if it is under the root. */
+static void record(int fd) {
+    char link[64], path[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n <= 0) return;
+    path[n] = '\0';
+    if (!under_root(path)) return;
+    struct stat info;
+    if (fstat(fd, &info) != 0) return;
+    pthread_mutex_lock(&recording);
+    if (S_ISDIR(info.st_mode)) record_directory(path, info.st_ino);
+    else if (S_ISREG(info.st_mode)) record_file(fd, info.st_ino);
+    pthread_mutex_unlock(&recording);
+}
+
+/* Records every file and directory under `path` (syncfs, sync). */
+static void record_tree(const char *path) {
+    struct stat info;
+    if (stat(path, &info) != 0) return;
+    if (S_ISREG(info.st_mode)) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            record_file(fd, info.st_ino);
+            close(fd);
+        }
+        return;
+    }
+    if (!S_ISDIR(info.st_mode)) return;
+    record_directory(path, info.st_ino);
+    DIR *directory = opendir(path);
+    if (!directory) return;
+    struct dirent *entry;
+    while ((entry = readdir(directory))) {
+        if (!strcmp(entry->d_name, ".") || !strcmp(entry->d_name, "..")) continue;
+        char child[PATH_MAX];
+        snprintf(child, sizeof child, "%s/%s", path, entry->d_name);
+        record_tree(child);
+    }
+    closedir(directory);
+}
+
+int fsync(int fd) {
+    pthread_once(&once, setup);
+    int status = real_fsync(fd);
+    if (status == 0 && root) record(fd);
+    return status;
+}
+
+int fdatasync(int fd) {
+    pthread_once(&once, setup);
+    int status = real_fdatasync(fd);
+    if (status == 0 && root) record(fd);
+    return status;
+}
+
+static void record_everything(void) {
+    pthread_mutex_lock(&recording);
+    record_tree(root);
+    pthread_mutex_unlock(&recording);
+}
+
+int syncfs(int fd) {
+    pthread_once(&once, setup);
+    int status = real_syncfs(fd);
+    if (status == 0 && root) record_everything();
+    return status;
+}
+
+void sync(void) {
+    pthread_once(&once, setup);
+    real_sync();
+    if (root) record_everything();
+}
