@@ -57,13 +57,14 @@ public enum WALFuzzing {
             }
             return entry
         }
-        do throws(EngineError) {
-            let record = try table.withUnsafeBufferPointer { (table) throws(EngineError) in
-                try encoder.encode(table, sequence: sequence, failure: try FailureInjection(options: [:]))
+        var bytes: [UInt8] = []
+        table.withUnsafeBufferPointer { table in
+            do throws(EngineError) {
+                bytes = Array(try encoder.encode(table, sequence: sequence, failure: try FailureInjection(options: [:])))
+            } catch {
+                preconditionFailure("steps that were read do not encode: \(error)")
             }
-            return Array(record)
-        } catch {
-            preconditionFailure("steps that were read do not encode: \(error)")
         }
+        return bytes
     }
 }
