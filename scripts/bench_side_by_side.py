@@ -421,10 +421,11 @@ class Bench:
     def durable(self):
         single = self.n(5_000, 1_000)
         many = self.n(20_000, 5_000)
-        for synchronous, fsync in [("FULL", "always"), ("NORMAL", "everysec")]:
+        for engine, synchronous, fsync in [(engine, synchronous, fsync) for engine in ["wal", "sqlite"]
+                                           for synchronous, fsync in [("FULL", "always"), ("NORMAL", "everysec")]]:
             for label, shape in [("1 client", ["-c", "1", "-n", str(single)]), ("50 clients", ["-c", "50", "-n", str(many)])]:
-                def ours(shape=shape, synchronous=synchronous):
-                    return self.broker_inserts("sqlite", [f"sqlite.synchronous={synchronous}"], shape)
+                def ours(shape=shape, synchronous=synchronous, engine=engine):
+                    return self.broker_inserts(engine, [f"{engine}.synchronous={synchronous}"], shape)
 
                 def theirs(shape=shape, fsync=fsync):
                     redis = Redis(self.work, "--appendonly", "yes", "--appendfsync", fsync)
@@ -435,10 +436,59 @@ class Bench:
                         redis.stop()
 
                 counterpart = f"SET, appendfsync {fsync}"
-                metrics = [(f"durable insert, sqlite {synchronous}, {label}: requests/s", "rps", "/s", "higher", counterpart)]
+                metrics = [(f"durable insert, {engine} {synchronous}, {label}: requests/s", "rps", "/s", "higher", counterpart)]
                 if label == "1 client":
-                    metrics.append((f"durable insert, sqlite {synchronous}, 1 client: p50", "p50", "µs", "lower", counterpart))
-                self.pair(f"durable {synchronous} {label}", ours, theirs, metrics)
+                    metrics.append((f"durable insert, {engine} {synchronous}, 1 client: p50", "p50", "µs", "lower", counterpart))
+                self.pair(f"durable {engine} {synchronous} {label}", ours, theirs, metrics)
+
+    def wal(self):
+        """The wal engine against our memory engine of the same shape, in paired rounds (its targets isolate the
+        engine's own cost), and the floor: a plain program appending a record of the same size (260 bytes: a
+        200-byte item's record) with one fdatasync each, so that the distance to the disk shows."""
+        single = self.n(5_000, 1_000)
+        many = self.n(20_000, 5_000)
+        for synchronous in ["FULL", "NORMAL"]:
+            for label, shape in [("1 client", ["-c", "1", "-n", str(single)]), ("50 clients", ["-c", "50", "-n", str(many)])]:
+                def ours(shape=shape, synchronous=synchronous):
+                    return self.broker_inserts("wal", [f"wal.synchronous={synchronous}"], shape)
+
+                def theirs(shape=shape):
+                    return self.broker_inserts("memory", [], shape)
+
+                metrics = [(f"wal {synchronous}, {label}: inserts/s against the memory engine", "rps", "/s", "higher",
+                            "memory engine, same shape")]
+                if label == "1 client":
+                    metrics.append((f"wal {synchronous}, 1 client: insert p50 against the memory engine", "p50", "µs",
+                                     "lower", "memory engine, same shape"))
+                self.pair(f"wal {synchronous} {label}", ours, theirs, metrics)
+
+        def floor():
+            path = self.work.path("floor.log")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            record, latencies = b"x" * 260, []
+            try:
+                started = time.monotonic()
+                for _ in range(single):
+                    before = time.monotonic()
+                    os.write(fd, record)
+                    os.fdatasync(fd)
+                    latencies.append((time.monotonic() - before) * 1e6)
+                elapsed = time.monotonic() - started
+            finally:
+                os.close(fd)
+                os.unlink(path)
+            return {"p50": statistics.median(latencies), "rps": single / elapsed}
+
+        floors = [floor() for _ in range(self.runs)]
+        log("  floor: done")
+        self.add("floor: 260-byte append + fdatasync (plain program): p50", [f["p50"] for f in floors], [], "µs",
+                 "lower", "—")
+        self.add("floor: 260-byte append + fdatasync (plain program): appends/s", [f["rps"] for f in floors], [], "/s",
+                 "higher", "—")
+        full = next(row for row in self.rows if row["row"] == "wal FULL, 1 client: insert p50 against the memory engine")
+        budget = [memory + floor["p50"] + 25 for memory, floor in zip(full["theirs_runs"], floors)]
+        self.add("wal FULL, 1 client: insert p50 against memory p50 + floor p50 + 25 µs", full["ours_runs"], budget,
+                 "µs", "lower", "memory + floor + 25 µs (target ≤ 1.0×)")
 
     def broker_inserts(self, engine, options, shape):
         """Inserts of 200 bytes (random ids) into a fresh broker on `engine`: requests/s and p50."""
@@ -611,6 +661,24 @@ class Bench:
         self.pair("batch and read", ours, theirs, [
             ("durable batch of 5,000 × 1 KB (sqlite NORMAL)", "batch", "s", "lower", "in-process SQLite"),
             ("read 10,000 × 1 KB over the socket (sqlite)", "read", "s", "lower", "in-process SQLite read")])
+        def wal_batch():
+            broker = Broker(self.work, self.bin, engine="wal", options=["wal.synchronous=FULL"])
+            try:
+                batch = self.ours(broker.socket, "-t", "batch", "-b", "5000", "-d", "1024", "-r", "1000000000",
+                                  "-c", "1", "-n", "3")["batch"]
+                return {"batch": batch["p50"] / 1e6}
+            finally:
+                broker.stop()
+
+        def sqlite_full_batch():
+            database = self.work.path("direct-batch-full.sqlite3")
+            for suffix in ["", "-wal", "-shm"]:
+                if os.path.exists(database + suffix):
+                    os.unlink(database + suffix)
+            return {"batch": float(run([os.path.join(self.bin, "sqlite-direct"), "batch", database, "5000", "1024", "FULL"]))}
+
+        self.pair("wal batch", wal_batch, sqlite_full_batch, [
+            ("durable batch of 5,000 × 1 KB (wal FULL)", "batch", "s", "lower", "in-process SQLite FULL (target ≤ 0.5×)")])
         read = next(row for row in self.rows if row["row"].startswith("read 10,000"))
         self.add("read 10,000 × 1 KB over the socket (sqlite), against Bodega", read["ours_runs"],
                  [BODEGA_READ_10K], "s", "lower", "Bodega's recorded 0.055 s (not run; target ≤ 0.2×)")
@@ -716,9 +784,9 @@ class Bench:
 
     def cold_start(self):
         sizes = [100_000] if self.quick else [100_000, 1_000_000]
-        for count in sizes:
-            data = self.work.path(f"cold-{count}")
-            broker = Broker(self.work, self.bin, engine="sqlite", data=data)
+        for engine, count in [(engine, count) for engine in ["sqlite", "wal"] for count in sizes]:
+            data = self.work.path(f"cold-{engine}-{count}")
+            broker = Broker(self.work, self.bin, engine=engine, data=data)
             try:
                 self.ours(broker.socket, "-t", "batch", "--sequential-ids", "-b", "1000", "-d", "200", "-c", "1",
                           "-P", "4", "-n", str(count // 1000), "--store", "cold")
@@ -726,7 +794,7 @@ class Bench:
                 broker.stop()
             times, rss = [], []
             for _ in range(self.runs):
-                broker = Broker(self.work, self.bin, engine="sqlite", data=data, keep=True)
+                broker = Broker(self.work, self.bin, engine=engine, data=data, keep=True)
                 try:
                     while True:
                         result = subprocess.run([os.path.join(self.bin, "storectl"), "--socket", broker.socket,
@@ -740,11 +808,11 @@ class Bench:
                     rss.append(broker.rss_bytes() / 2**20)
                 finally:
                     broker.stop()
-            log(f"  cold start {count:,}: done")
+            log(f"  cold start {engine} {count:,}: done")
             payload_mib = count * 200 / 2**20
-            self.add(f"cold start, {count:,} × 200 B (sqlite): exec to count answered", times, [], "s", "lower", "—")
-            self.add(f"cold start, {count:,} × 200 B: resident memory then", rss, [payload_mib], "MiB", "lower",
-                     f"the payload, {payload_mib:.0f} MiB")
+            self.add(f"cold start, {count:,} × 200 B ({engine}): exec to count answered", times, [], "s", "lower", "—")
+            self.add(f"cold start, {count:,} × 200 B ({engine}): resident memory then", rss, [payload_mib], "MiB",
+                     "lower", f"the payload, {payload_mib:.0f} MiB")
 
     def flood(self):
         """16 clients pipelining 100,000 requests each without reading (pings, then 200-byte inserts over 1,000
@@ -840,7 +908,7 @@ class Bench:
         ])
 
     def all(self):
-        steps = [self.floor_and_shapes, self.ping_floor, self.batch, self.large_store, self.durable, self.library,
+        steps = [self.floor_and_shapes, self.ping_floor, self.batch, self.large_store, self.durable, self.wal, self.library,
                  self.four_writers, self.batch_and_read, self.fanout, self.flood, self.isolation, self.cold_start,
                  self.distributed]
         if self.args.only:

@@ -130,7 +130,7 @@ final class PlaceWriter<Model: WriterModel> {
     var sequence: UInt64 = 0
     var manifest: Manifest?
     var engine: (any StorageEngine)? {
-        didSet { capabilities = engine?.capabilities }
+        didSet { capabilities = engine.map { $0.capabilities(options: environment.options($0)) } }
     }
     private var capabilities: EngineCapabilities?
     var engineStore: (any EngineStore)?

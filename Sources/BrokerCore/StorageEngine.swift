@@ -131,6 +131,9 @@ public protocol StorageEngine: Sendable {
     var name: String { get }
     var version: String { get }
     var capabilities: EngineCapabilities { get }
+    /// The capabilities under the engine's options (`--engine-option`): an engine may apply without blocking
+    /// under some options only.
+    func capabilities(options: [String: String]) -> EngineCapabilities
     /// The option keys `open` and `drop` accept.
     var optionKeys: [String] { get }
 
@@ -139,6 +142,10 @@ public protocol StorageEngine: Sendable {
         -> any EngineStore
     /// Deletes the store's data from `directory`. The store must not be open.
     func drop(directory: String, store: String, options: [String: String]) throws(EngineFailure)
+}
+
+extension StorageEngine {
+    public func capabilities(options: [String: String]) -> EngineCapabilities { capabilities }
 }
 
 /// One open store of an engine. Every call blocks until the engine is done: the broker makes them one at a time,

@@ -1,9 +1,16 @@
 /* libstorebroker-powercut.so: preloaded (LD_PRELOAD) into a process whose files under one directory tree are to
  * survive a simulated power cut. It records, in a shadow directory, what the syncs of that process made durable:
  *
- *   content-<inode>   a regular file's bytes as they were when fsync or fdatasync of it last returned 0
- *   names-<inode>     a directory's entries when fsync of it last returned 0: one line per entry, "f" or "d",
- *                     the entry's inode, its name
+ *   content-<id>      a regular file's bytes as they were when fsync or fdatasync of it last returned 0
+ *   names-<id>        a directory's entries when fsync of it last returned 0: one line per entry, "f" or "d",
+ *                     the entry's id, its name
+ *   id-<inode>        the id of the file or directory that has that inode now
+ *
+ * An id names one file for its whole life: "i<inode>" for what existed before the process started, and a new
+ * "n<pid>-<count>" whenever the process creates a file (open with O_CREAT of a path that did not exist) or a
+ * directory, so that an inode number the file system reuses after an unlink never lends a new file the old
+ * one's synced bytes (the first version of this library keyed records by inode, and the checker's power-loss
+ * property failed the wal engine on a segment that had inherited a deleted snapshot's content).
  *
  * and syncfs or sync records every file and directory of the tree. Each record is written to a temporary name and
  * renamed, so a SIGKILL never leaves half a record. The process's own view of its files is untouched: writes
@@ -17,6 +24,7 @@
  * directory for the records. Without both the library does nothing. Entry names must not hold a newline. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <stdarg.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -34,7 +42,11 @@ static int (*real_fsync)(int);
 static int (*real_fdatasync)(int);
 static int (*real_syncfs)(int);
 static void (*real_sync)(void);
+static int (*real_open)(const char *, int, ...);
+static int (*real_openat)(int, const char *, int, ...);
+static int (*real_mkdir)(const char *, mode_t);
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+static unsigned long created;
 /* One sync is recorded at a time: two threads recording one file would race on its temporary name. */
 static pthread_mutex_t recording = PTHREAD_MUTEX_INITIALIZER;
 
@@ -43,6 +55,9 @@ static void setup(void) {
     real_fdatasync = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
     real_syncfs = (int (*)(int))dlsym(RTLD_NEXT, "syncfs");
     real_sync = (void (*)(void))dlsym(RTLD_NEXT, "sync");
+    real_open = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, "open");
+    real_openat = (int (*)(int, const char *, int, ...))dlsym(RTLD_NEXT, "openat");
+    real_mkdir = (int (*)(const char *, mode_t))dlsym(RTLD_NEXT, "mkdir");
     root = getenv("SB_POWERCUT_ROOT");
     shadow = getenv("SB_POWERCUT_SHADOW");
     if (!root || !shadow || root[0] != '/') root = shadow = NULL;
@@ -58,7 +73,7 @@ static void put_record(const char *name, const char *bytes, size_t length) {
     char final[PATH_MAX], temporary[PATH_MAX];
     snprintf(final, sizeof final, "%s/%s", shadow, name);
     snprintf(temporary, sizeof temporary, "%s/%s.tmp", shadow, name);
-    int fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int fd = real_open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) abort(); /* a record that cannot be kept would make the check pass wrongly */
     size_t done = 0;
     while (done < length) {
@@ -68,6 +83,99 @@ static void put_record(const char *name, const char *bytes, size_t length) {
     }
     close(fd);
     if (rename(temporary, final) != 0) abort();
+}
+
+/* The id of the file or directory with this inode, into `id` (64 bytes). */
+static void id_of(ino_t inode, char *id) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/id-%llu", shadow, (unsigned long long)inode);
+    int fd = real_open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, id, 63) : -1;
+    if (fd >= 0) close(fd);
+    if (n > 0) id[n] = '\0';
+    else snprintf(id, 64, "i%llu", (unsigned long long)inode);
+}
+
+/* `path` (under the root) was just created: it gets a new id. */
+static void created_now(const char *path) {
+    struct stat info;
+    if (stat(path, &info) != 0) return;
+    char name[64], id[64];
+    pthread_mutex_lock(&recording);
+    snprintf(id, sizeof id, "n%d-%lu", (int)getpid(), ++created);
+    snprintf(name, sizeof name, "id-%llu", (unsigned long long)info.st_ino);
+    put_record(name, id, strlen(id));
+    pthread_mutex_unlock(&recording);
+}
+
+/* The absolute form of `path` opened relative to `directory_fd` (AT_FDCWD: the working directory). */
+static int absolute(int directory_fd, const char *path, char *out) {
+    if (path[0] == '/') return snprintf(out, PATH_MAX, "%s", path) < PATH_MAX;
+    char base[PATH_MAX];
+    if (directory_fd == AT_FDCWD) {
+        if (!getcwd(base, sizeof base)) return 0;
+    } else {
+        char link[64];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", directory_fd);
+        ssize_t n = readlink(link, base, sizeof base - 1);
+        if (n <= 0) return 0;
+        base[n] = '\0';
+    }
+    return snprintf(out, PATH_MAX, "%s/%s", base, path) < PATH_MAX;
+}
+
+static int opened(int directory_fd, const char *path, int flags, mode_t mode) {
+    char full[PATH_MAX];
+    int watched = root && (flags & O_CREAT) && absolute(directory_fd, path, full) && under_root(full);
+    struct stat before;
+    int existed = watched && stat(full, &before) == 0;
+    int fd = real_openat(directory_fd, path, flags, mode);
+    if (fd >= 0 && watched && !existed) created_now(full);
+    return fd;
+}
+
+int open(const char *path, int flags, ...) {
+    pthread_once(&once, setup);
+    mode_t mode = 0;
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list arguments;
+        va_start(arguments, flags);
+        mode = va_arg(arguments, mode_t);
+        va_end(arguments);
+    }
+    return opened(AT_FDCWD, path, flags, mode);
+}
+
+int open64(const char *path, int flags, ...) {
+    pthread_once(&once, setup);
+    mode_t mode = 0;
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list arguments;
+        va_start(arguments, flags);
+        mode = va_arg(arguments, mode_t);
+        va_end(arguments);
+    }
+    return opened(AT_FDCWD, path, flags, mode);
+}
+
+int openat(int directory_fd, const char *path, int flags, ...) {
+    pthread_once(&once, setup);
+    mode_t mode = 0;
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list arguments;
+        va_start(arguments, flags);
+        mode = va_arg(arguments, mode_t);
+        va_end(arguments);
+    }
+    return opened(directory_fd, path, flags, mode);
+}
+
+int mkdir(const char *path, mode_t mode) {
+    pthread_once(&once, setup);
+    int status = real_mkdir(path, mode);
+    char full[PATH_MAX];
+    if (status == 0 && root && absolute(AT_FDCWD, path, full) && under_root(full)) created_now(full);
+    return status;
 }
 
 /* Records the bytes of the regular file open as `fd`. */
@@ -88,8 +196,9 @@ static void record_file(int fd, ino_t inode) {
         done += (size_t)n;
     }
     close(readable);
-    char name[64];
-    snprintf(name, sizeof name, "content-%llu", (unsigned long long)inode);
+    char name[96], id[64];
+    id_of(inode, id);
+    snprintf(name, sizeof name, "content-%s", id);
     put_record(name, bytes, done);
     free(bytes);
 }
@@ -108,17 +217,20 @@ static void record_directory(const char *path, ino_t inode) {
         if (entry->d_type == DT_DIR) type = 'd';
         else if (entry->d_type == DT_REG) type = 'f';
         else continue;
-        size_t needed = strlen(entry->d_name) + 32;
+        char id[64];
+        id_of(entry->d_ino, id);
+        size_t needed = strlen(entry->d_name) + strlen(id) + 8;
         if (length + needed > capacity) {
             capacity = (length + needed) * 2;
             lines = realloc(lines, capacity);
             if (!lines) abort();
         }
-        length += (size_t)sprintf(lines + length, "%c %llu %s\n", type, (unsigned long long)entry->d_ino, entry->d_name);
+        length += (size_t)sprintf(lines + length, "%c %s %s\n", type, id, entry->d_name);
     }
     closedir(directory);
-    char name[64];
-    snprintf(name, sizeof name, "names-%llu", (unsigned long long)inode);
+    char name[96], id[64];
+    id_of(inode, id);
+    snprintf(name, sizeof name, "names-%s", id);
     put_record(name, lines, length);
     free(lines);
 }

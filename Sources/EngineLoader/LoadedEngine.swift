@@ -126,6 +126,20 @@ public final class LoadedEngine: SharedStorageEngine, @unchecked Sendable {
         }
     }
 
+    /// The capabilities under `options` (ABI 2.2's `capabilities_under`): `nonblocking` as the engine says for
+    /// them, every other bit as its table's `capabilities`.
+    public func capabilities(options: [String: String]) -> EngineCapabilities {
+        guard let under = functions.capabilities_under else { return capabilities }
+        guard let bits = try? withOptions(options, { list, count in under(table, list, count) }) else { return capabilities }
+        var result = capabilities
+        if EngineCapabilities(rawValue: UInt32(truncatingIfNeeded: bits)).contains(.nonblocking) {
+            result.insert(.nonblocking)
+        } else {
+            result.remove(.nonblocking)
+        }
+        return result
+    }
+
     /// What a power cut may take of the acknowledged applies under `options`, in milliseconds (ABI 2.2;
     /// `UInt64.max`: any number). An engine built for an older minor version is held to 0.
     public func powerLossWindow(options: [String: String]) throws(EngineFailure) -> UInt64 {

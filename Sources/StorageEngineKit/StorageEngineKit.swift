@@ -95,10 +95,14 @@ public protocol EngineDefinition: AnyObject, Sendable {
     /// milliseconds, or `SB_POWER_LOSS_UNBOUNDED`. An engine that syncs every apply before it returns says 0, the
     /// default.
     func powerLossWindow(_ options: [String: String]) throws(EngineError) -> UInt64
+    /// The SB_CAP_* bits under `options` (ABI 2.2's `capabilities_under`): `capabilities`, unless the engine's
+    /// applies block under some options and not others (SB_CAP_NONBLOCKING is the one bit that may differ).
+    func capabilities(under options: [String: String]) -> UInt64
 }
 
 extension EngineDefinition {
     public func powerLossWindow(_ options: [String: String]) throws(EngineError) -> UInt64 { 0 }
+    public func capabilities(under options: [String: String]) -> UInt64 { capabilities }
 }
 
 /// An engine whose stores live in a database several hosts share (SB_CAP_SHARED, ABI 2.1): it also watches them.
@@ -276,6 +280,9 @@ public enum EngineExport {
                 report(error) { () throws(EngineError) in
                     outWindow!.pointee = try EngineExport.definition(table!).powerLossWindow(EngineExport.options(options, count))
                 }
+            },
+            capabilities_under: { table, options, count in
+                EngineExport.definition(table!).capabilities(under: EngineExport.options(options, count))
             })
         var filled = table
         if engine is any SharedEngineDefinition { EngineExport.fillShared(&filled) }

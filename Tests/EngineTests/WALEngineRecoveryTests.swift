@@ -164,3 +164,76 @@ import Testing
         }
     }
 }
+
+/// What a power cut under NORMAL can leave around a closed segment: its tail not yet synced, the next segment
+/// created and perhaps named on disk, but with no record synced.
+@Suite struct WALEngineSegmentTests {
+    /// Two segments: the first closed after applies 1-20 (small segments), the newest holding the rest.
+    func twoSegments(in directory: String) async throws -> (first: String, newest: String, records: [EngineRecord]) {
+        let store = try sharedLoader.load("wal").open(
+            directory: directory, store: "s", options: ["snapshot_log_bytes": "1000000000"])
+        try store.apply((0..<20).map { .put(record("k\($0)", "v\($0)")) }, sequence: 1)
+        let records = try store.scanAll()
+        store.close()
+        // A second segment, as a rotation after sequence 1 leaves it: the header only.
+        let newest = directory + "/log-0000000000000002"
+        var header = Array("sbwal-l1".utf8)
+        withUnsafeBytes(of: UInt64(2).littleEndian) { header.append(contentsOf: $0) }
+        try Data(header).write(to: URL(fileURLWithPath: newest))
+        return (directory + "/log-0000000000000001", newest, records)
+    }
+
+    @Test(arguments: [true, false])
+    func aTornClosedSegmentBeforeAnEmptyOneOpensAtItsLastWholeRecord(headerSynced: Bool) async throws {
+        let wal = try sharedLoader.load("wal")
+        try await withTemporaryDirectory { directory in
+            let (first, newest, records) = try await twoSegments(in: directory)
+            let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: first))
+            try handle.seekToEnd()
+            try handle.write(contentsOf: [UInt8](repeating: 0, count: 700))  // sectors that never reached the disk
+            try handle.close()
+            if !headerSynced { try Data(count: 16).write(to: URL(fileURLWithPath: newest)) }
+            let reopened = try wal.open(directory: directory, store: "s", options: [:])
+            #expect(reopened.openedSequence == 1)
+            #expect(try reopened.scanAll() == records)
+            try reopened.apply([.put(record("after", "cut"))], sequence: 2)
+            reopened.close()
+            // The empty newest segment went with the cut; the next apply followed the last whole record.
+            #expect(!FileManager.default.fileExists(atPath: newest))
+            let again = try wal.open(directory: directory, store: "s", options: [:])
+            let after = try again.scanAll()
+            #expect(again.openedSequence == 2 && keys(after).last == "after")
+            again.close()
+        }
+    }
+
+    @Test func aTornClosedSegmentBeforeRecordsIsDamage() async throws {
+        let wal = try sharedLoader.load("wal")
+        try await withTemporaryDirectory { directory in
+            let (first, _, _) = try await twoSegments(in: directory)
+            // The newest segment gets a whole record (sequence 2) while the closed one's tail is torn.
+            let store = try wal.open(directory: directory, store: "s", options: [:])
+            try store.apply([.put(record("late", "x"))], sequence: 2)
+            store.close()
+            var bytes = try Data(contentsOf: URL(fileURLWithPath: first))
+            bytes[bytes.count - 3] ^= 0xFF
+            try bytes.write(to: URL(fileURLWithPath: first))
+            let error = try #require(throws: EngineFailure.self) {
+                _ = try wal.open(directory: directory, store: "s", options: [:])
+            }
+            #expect(error.code == .corrupt)
+            #expect(error.message.contains("holds records after it"))
+        }
+    }
+
+    /// NORMAL applies never wait for I/O (the daemon commits them on its owner loop); FULL ones do.
+    @Test func normalIsNonblockingAndFullIsNot() throws {
+        let wal = try sharedLoader.load("wal")
+        #expect(!wal.capabilities.contains(.nonblocking))
+        #expect(wal.capabilities(options: [:]).contains(.nonblocking))
+        #expect(wal.capabilities(options: ["synchronous": "NORMAL"]).contains(.nonblocking))
+        #expect(!wal.capabilities(options: ["synchronous": "FULL"]).contains(.nonblocking))
+        #expect(wal.capabilities(options: ["synchronous": "FULL"]) == wal.capabilities)
+        #expect(try sharedLoader.load("sqlite").capabilities(options: [:]) == sharedLoader.load("sqlite").capabilities)
+    }
+}

@@ -304,6 +304,11 @@ struct storebroker_engine {
     int32_t (*power_loss_window)(const storebroker_engine *engine, const sb_option *options, size_t option_count,
                                  uint64_t *out_window_ms, sb_error *error);
 
+    /* The capabilities under these options (which `check_options` accepted), for an engine whose applies block
+     * under some options and not others: the host takes SB_CAP_NONBLOCKING from here, every other bit from
+     * `capabilities`, which must agree with it. NULL, or a table that ends before it: `capabilities`. */
+    uint64_t (*capabilities_under)(const storebroker_engine *engine, const sb_option *options, size_t option_count);
+
     /* --- Members added by later minor versions go here, and only here. --- */
 };
 

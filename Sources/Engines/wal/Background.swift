@@ -24,6 +24,10 @@ final class WALBackground: @unchecked Sendable {
     private var sealedThrough: UInt64 = 0
     private var unsyncedSegment: LogSegment?
     private var unsyncedSince: UInt64 = 0
+    /// NORMAL: closed segments with writes not yet synced, oldest first, and whether the directory holds a
+    /// segment created since its last sync: the sync thread syncs these before the newest segment.
+    private var unsyncedClosed: [LogSegment] = []
+    private var directoryUnsynced = false
     private var syncFailure: EngineError?
     private var compacting = false
     private var retryAt: UInt64 = 0
@@ -74,9 +78,15 @@ final class WALBackground: @unchecked Sendable {
     var idle: Bool { locked { sealed.isEmpty && !compacting } }
 
     /// `segment`, which holds the records through `through`, is closed: it goes into the next snapshot.
-    func seal(_ segment: LogSegment, through: UInt64) {
+    /// With `synced == false` (NORMAL), its unsynced writes and the new segment's name are the sync thread's to
+    /// sync, before the new segment's.
+    func seal(_ segment: LogSegment, through: UInt64, synced: Bool) {
         locked {
-            if unsyncedSegment === segment { unsyncedSegment = nil }
+            if unsyncedSegment === segment {
+                unsyncedSegment = nil
+                if !synced { unsyncedClosed.append(segment) }
+            }
+            if !synced { directoryUnsynced = true }
             sealed.append(segment)
             sealedThrough = through
             pthread_cond_broadcast(condition)
@@ -208,11 +218,19 @@ final class WALBackground: @unchecked Sendable {
         pthread_mutex_unlock(mutex)
     }
 
-    /// The sync thread (`NORMAL`): syncs the segment written since the last sync, a sync interval after the
-    /// first write it did not sync.
+    /// The sync thread (`NORMAL`): syncs closed segments and the directory at once, and the segment written since
+    /// the last sync a sync interval after the first write it did not sync.
     private func runSyncs() {
         pthread_mutex_lock(mutex)
         while !stopping {
+            if !unsyncedClosed.isEmpty || directoryUnsynced {
+                let failure = syncClosedLocked()
+                if let failure {
+                    syncFailure = failure
+                    failed.store(true, ordering: .relaxed)
+                }
+                continue
+            }
             guard let segment = unsyncedSegment else {
                 wait(until: .max)
                 continue
@@ -232,6 +250,32 @@ final class WALBackground: @unchecked Sendable {
             }
         }
         pthread_mutex_unlock(mutex)
+    }
+
+    /// Syncs the closed segments and then the directory; called locked, unlocks around the syncs.
+    private func syncClosedLocked() -> EngineError? {
+        let (closed, directorySync) = (unsyncedClosed, directoryUnsynced)
+        unsyncedClosed = []
+        directoryUnsynced = false
+        pthread_mutex_unlock(mutex)
+        defer { pthread_mutex_lock(mutex) }
+        do throws(EngineError) {
+            for segment in closed { try segment.sync() }
+            if directorySync { try Files.syncDirectory(directory) }
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    /// At close (the threads stopped): syncs what NORMAL left unsynced, in the sync thread's order.
+    func syncPending() {
+        pthread_mutex_lock(mutex)
+        _ = syncClosedLocked()
+        let segment = unsyncedSegment
+        unsyncedSegment = nil
+        pthread_mutex_unlock(mutex)
+        try? segment?.sync()
     }
 
     /// A snapshot of `base` and `segments` (records through `through`), durable under its name.

@@ -18,10 +18,11 @@ struct SnapshotInfo: Sendable {
 /// - The newest snapshot is the base; older ones, and segments whose records it holds (the next segment starts
 ///   at or before its sequence + 1), were about to be deleted: deleted.
 /// - The segments that follow chain: each starts one after the last sequence before it, and their records'
-///   sequences increase. A record that does not check out in any segment but the newest is damage. In the
-///   newest, the first such record ends the log and is cut off with all after it: it was being written when
-///   the process died or the power went, and was never acknowledged as synced (a segment is synced whole before
-///   the next one starts).
+///   sequences increase. The first record that does not check out ends the log and is cut off with all after
+///   it: it was being written when the process died or the power went, and was never synced (FULL syncs each
+///   record before its apply returns and a segment before the next starts; NORMAL syncs a closed segment, then
+///   the directory, before the next segment's records). Later segments must hold no whole record (they are
+///   deleted); one that does makes the cut damage, and the open fails.
 /// - A store with no segment gets its first one.
 enum Recovery {
     struct Recovered {
@@ -63,44 +64,69 @@ enum Recovery {
                 "\(directory): the log starts at sequence \(first), after \(base): the commits between are missing")
         }
 
+        // What each segment holds: its whole records' end, and why it stops there if not at a clean end.
+        struct Scan {
+            var first: UInt64
+            var path: String
+            /// The header is whole.
+            var headed: Bool
+            var end: Int
+            var wholeRecords: Int
+            var stop: String?
+        }
         var sequence = base
-        var segments: [LogSegment] = []
-        for (index, first) in firsts.enumerated() {
+        var scans: [Scan] = []
+        for first in firsts {
             let path = directory + "/" + WALFormat.logName(first: first)
-            let newest = index == firsts.count - 1
-            guard first == sequence + 1 else {
+            // After a segment that stops short the chain is broken by the cut: what follows must hold nothing.
+            guard first == sequence + 1 || scans.last?.stop != nil else {
                 throw EngineError.corrupt("\(path) starts at sequence \(first), but the log before it ends at \(sequence)")
             }
             let mapping = try Mapping(path)
             let bytes = mapping.bytes
             let header = WALFormat.logHeader(first: first)
             guard bytes.count >= header.count, bytes.prefix(header.count).elementsEqual(header) else {
-                // Only the newest segment can have been cut short while it was created.
-                guard newest, bytes.prefix(header.count).allSatisfy({ $0 == 0 }) else {
+                // A segment cut short while it was created (its header never synced) holds nothing.
+                guard bytes.prefix(header.count).allSatisfy({ $0 == 0 }) else {
                     throw EngineError.corrupt("\(path) is not a wal log segment starting at sequence \(first)")
                 }
-                let segment = try LogSegment.open(path: path, first: first, validEnd: 0)
-                try segment.append(header, sync: true)
-                segments.append(segment)
+                scans.append(Scan(first: first, path: path, headed: false, end: 0, wholeRecords: 0, stop: "no header"))
                 continue
             }
-            var offset = header.count
+            var scan = Scan(first: first, path: path, headed: true, end: header.count, wholeRecords: 0)
             reading: while true {
-                switch LogRecord.read(bytes, at: offset) {
+                switch LogRecord.read(bytes, at: scan.end) {
                 case .end:
                     break reading
                 case .bad(let why):
-                    guard newest else { throw EngineError.corrupt("\(path): \(why) at byte \(offset)") }
+                    scan.stop = "\(why) at byte \(scan.end)"
                     break reading
                 case .record(let record):
                     guard record.sequence > sequence else {
-                        throw EngineError.corrupt("\(path): sequence \(record.sequence) after \(sequence) at byte \(offset)")
+                        throw EngineError.corrupt("\(path): sequence \(record.sequence) after \(sequence) at byte \(scan.end)")
                     }
                     sequence = record.sequence
-                    offset = record.end
+                    scan.end = record.end
+                    scan.wholeRecords += 1
                 }
             }
-            segments.append(try LogSegment.open(path: path, first: first, validEnd: offset))
+            scans.append(scan)
+        }
+        // The log ends at the first segment that stops short, provided no later one holds a whole record: those
+        // were created after it and never synced (NORMAL syncs a closed segment before the next one's records).
+        // A segment that stops short with whole records after it is damage.
+        if let short = scans.firstIndex(where: { $0.stop != nil }) {
+            if let later = scans[(short + 1)...].first(where: { $0.wholeRecords > 0 }) {
+                throw EngineError.corrupt("\(scans[short].path): \(scans[short].stop!), but \(later.path) holds records after it")
+            }
+            for unsynced in scans[(short + 1)...] { try Files.remove(unsynced.path) }
+            scans.removeSubrange((short + 1)...)
+        }
+        var segments: [LogSegment] = []
+        for scan in scans {
+            let segment = try LogSegment.open(path: scan.path, first: scan.first, validEnd: scan.end)
+            if !scan.headed { try segment.append(WALFormat.logHeader(first: scan.first), sync: true) }
+            segments.append(segment)
         }
         let current = segments.removeLast()
         return Recovered(snapshot: snapshot, sealed: segments, current: current, sequence: sequence)

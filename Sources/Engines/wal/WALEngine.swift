@@ -34,6 +34,12 @@ final class WALEngine: EngineDefinition {
         return (store, store.sequence)
     }
 
+    /// NORMAL: an apply is one `pwrite` (the sync thread syncs), so the daemon commits on its owner loop as for
+    /// the memory engine, without the hand-off to a thread and back; FULL: an apply waits for its `fdatasync`.
+    func capabilities(under options: [String: String]) -> UInt64 {
+        (try? WALSettings(options).full) == false ? capabilities | UInt64(SB_CAP_NONBLOCKING) : capabilities
+    }
+
     /// FULL: none. NORMAL: the sync interval and as long again for the sync itself, as Redis says of `everysec`.
     func powerLossWindow(_ options: [String: String]) throws(EngineError) -> UInt64 {
         try WALSettings(options).full ? 0 : 2 * WALSettings.syncIntervalNanoseconds / 1_000_000

@@ -57,11 +57,12 @@ final class WALStore: EngineStoreImplementation {
             return
         }
         do throws(EngineError) {
-            // The closed segment is whole on disk before the next starts: open treats a bad record in any
-            // segment but the last as damage.
-            if !settings.full { try log.sync() }
-            let next = try LogSegment.create(directory: directory, first: sequence + 1)
-            background.seal(log, through: sequence)
+            // FULL: every record of the closed segment is synced already, and the next segment's header and name
+            // are synced before a record goes into it. NORMAL: the apply runs on the daemon's owner loop, so it
+            // syncs nothing; the sync thread syncs the closed segment, then the directory, then the new segment,
+            // in that order, so that the new one never holds synced records behind a closed one's unsynced tail.
+            let next = try LogSegment.create(directory: directory, first: sequence + 1, sync: settings.full)
+            background.seal(log, through: sequence, synced: settings.full)
             log = next
             rotateAt = log.size + settings.snapshotLogBytes
         } catch {
@@ -101,9 +102,9 @@ final class WALStore: EngineStoreImplementation {
     func close() {
         background.stop()
         for thread in threads { pthread_join(thread, nil) }
-        // What NORMAL left unsynced is synced now; close cannot fail, and what a failure here loses is within
-        // NORMAL's window.
-        if !settings.full { try? log.sync() }
+        // What NORMAL left unsynced is synced now, in order; close cannot fail, and what a failure here loses is
+        // within NORMAL's window.
+        if !settings.full { background.syncPending() }
         encoder.release()
     }
 }
@@ -126,14 +127,14 @@ final class LogSegment: @unchecked Sendable {
 
     deinit { Glibc.close(fd) }
 
-    /// A new, empty segment whose header and name are durable.
-    static func create(directory: String, first: UInt64) throws(EngineError) -> LogSegment {
+    /// A new, empty segment; with `sync`, its header and name are durable when it returns.
+    static func create(directory: String, first: UInt64, sync: Bool = true) throws(EngineError) -> LogSegment {
         let path = directory + "/" + WALFormat.logName(first: first)
         let fd = Glibc.open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw EngineError.errno("cannot create \(path)") }
         let segment = LogSegment(path: path, first: first, fd: fd, size: 0)
-        try segment.append(WALFormat.logHeader(first: first), sync: true)
-        try Files.syncDirectory(directory)
+        try segment.append(WALFormat.logHeader(first: first), sync: sync)
+        if sync { try Files.syncDirectory(directory) }
         return segment
     }
 
