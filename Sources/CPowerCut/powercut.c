@@ -134,39 +134,31 @@ static int opened(int directory_fd, const char *path, int flags, mode_t mode) {
     return fd;
 }
 
+/* The mode argument of an open that creates: read in the variadic function itself, where va_start must be. */
+#define MODE_OF(flags)                                          \
+    mode_t mode = 0;                                            \
+    if ((flags) & (O_CREAT | O_TMPFILE)) {                      \
+        va_list arguments;                                      \
+        va_start(arguments, flags);                             \
+        mode = va_arg(arguments, mode_t);                       \
+        va_end(arguments);                                      \
+    }
+
 int open(const char *path, int flags, ...) {
     pthread_once(&once, setup);
-    mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list arguments;
-        va_start(arguments, flags);
-        mode = va_arg(arguments, mode_t);
-        va_end(arguments);
-    }
+    MODE_OF(flags)
     return opened(AT_FDCWD, path, flags, mode);
 }
 
 int open64(const char *path, int flags, ...) {
     pthread_once(&once, setup);
-    mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list arguments;
-        va_start(arguments, flags);
-        mode = va_arg(arguments, mode_t);
-        va_end(arguments);
-    }
+    MODE_OF(flags)
     return opened(AT_FDCWD, path, flags, mode);
 }
 
 int openat(int directory_fd, const char *path, int flags, ...) {
     pthread_once(&once, setup);
-    mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list arguments;
-        va_start(arguments, flags);
-        mode = va_arg(arguments, mode_t);
-        va_end(arguments);
-    }
+    MODE_OF(flags)
     return opened(directory_fd, path, flags, mode);
 }
 

@@ -237,3 +237,53 @@ import Testing
         #expect(try sharedLoader.load("sqlite").capabilities(options: [:]) == sharedLoader.load("sqlite").capabilities)
     }
 }
+
+/// A clean close folds a long log into a snapshot, so that the next open reads one file.
+@Suite struct WALEngineFoldTests {
+    /// 100 applies of 100 items of 200 bytes (about 2.3 MB of log) in one segment.
+    func longLog(in directory: String) throws -> LoadedStore {
+        let store = try sharedLoader.load("wal").open(directory: directory, store: "s", options: [:]) as! LoadedStore
+        for sequence in UInt64(1)...100 {
+            try store.apply(
+                (0..<100).map { .put(record("k\(sequence)-\($0)", String(repeating: "p", count: 200))) }, sequence: sequence)
+        }
+        return store
+    }
+
+    @Test func aCleanCloseLeavesOneSnapshotAndTheStoreReopensFromIt() async throws {
+        let wal = try sharedLoader.load("wal")
+        try await withTemporaryDirectory { directory in
+            let store = try longLog(in: directory)
+            let records = try store.scanAll()
+            store.close()
+            #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == ["snapshot-0000000000000064"])
+            let reopened = try wal.open(directory: directory, store: "s", options: [:])
+            #expect(reopened.openedSequence == 100)
+            #expect(try reopened.count() == 10_000)
+            #expect(try reopened.scanAll() == records)
+            try reopened.apply([.put(record("after", "fold"))], sequence: 101)
+            reopened.close()
+            let again = try wal.open(directory: directory, store: "s", options: [:])
+            let after = try again.scanAll()
+            #expect(again.openedSequence == 101 && after.count == 10_001 && keys(after).last == "after")
+            again.close()
+        }
+    }
+
+    /// A crash after the snapshot was renamed into place and before the folded segment was deleted.
+    @Test func aFoldedSegmentLeftByACrashIsDeleted() async throws {
+        let wal = try sharedLoader.load("wal")
+        try await withTemporaryDirectory { directory in
+            let store = try longLog(in: directory)
+            let records = try store.scanAll()
+            let segment = try Data(contentsOf: URL(fileURLWithPath: directory + "/log-0000000000000001"))
+            store.close()
+            try segment.write(to: URL(fileURLWithPath: directory + "/log-0000000000000001"))
+            let reopened = try wal.open(directory: directory, store: "s", options: [:])
+            #expect(reopened.openedSequence == 100)
+            #expect(try reopened.scanAll() == records)
+            reopened.close()
+            #expect(!FileManager.default.fileExists(atPath: directory + "/log-0000000000000001"))
+        }
+    }
+}

@@ -268,6 +268,20 @@ final class WALBackground: @unchecked Sendable {
         }
     }
 
+    /// At close (the threads stopped): folds every segment, `current` (synced) last, into a snapshot through
+    /// `through` when they hold more than `threshold` bytes, and deletes them and the old snapshot, so that the
+    /// next open reads one file and merges nothing. A failure leaves the files as they were.
+    func fold(current: LogSegment, through: UInt64, threshold: Int) {
+        let segments = sealed + [current]
+        guard segments.reduce(0, { $0 + $1.size - WALFormat.logHeaderSize }) > threshold,
+            let new = try? makeSnapshot(after: snapshot, of: segments, through: through, stoppable: false)
+        else { return }
+        if let old = snapshot { unlink(old.path) }
+        for segment in segments { unlink(segment.path) }
+        snapshot = new
+        sealed = []
+    }
+
     /// At close (the threads stopped): syncs what NORMAL left unsynced, in the sync thread's order.
     func syncPending() {
         pthread_mutex_lock(mutex)
@@ -279,9 +293,9 @@ final class WALBackground: @unchecked Sendable {
     }
 
     /// A snapshot of `base` and `segments` (records through `through`), durable under its name.
-    private func makeSnapshot(after base: SnapshotInfo?, of segments: [LogSegment], through: UInt64) throws(EngineError)
-        -> SnapshotInfo
-    {
+    private func makeSnapshot(
+        after base: SnapshotInfo?, of segments: [LogSegment], through: UInt64, stoppable: Bool = true
+    ) throws(EngineError) -> SnapshotInfo {
         let file = try base.map { (info) throws(EngineError) in try SnapshotFile(info.path) }
         var view = StoreView(
             snapshot: file,
@@ -292,7 +306,7 @@ final class WALBackground: @unchecked Sendable {
         do throws(EngineError) {
             let completed = try view.merge { (item) throws(EngineError) in
                 try writer.add(item)
-                return !stopped.load(ordering: .relaxed)
+                return !stoppable || !stopped.load(ordering: .relaxed)
             }
             guard completed else { throw EngineError.stopped }
             try writer.finish(sequence: through, as: path)

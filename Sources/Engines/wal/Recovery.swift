@@ -54,6 +54,12 @@ enum Recovery {
         while firsts.count >= 2, firsts[1] <= base + 1 {
             try Files.remove(directory + "/" + WALFormat.logName(first: firsts.removeFirst()))
         }
+        // A snapshot always ends where a segment does: a last segment starting at or before its sequence is held
+        // whole by it (a close folded it in and died before deleting it).
+        if let last = firsts.last, firsts.count == 1, last <= base, base > 0 {
+            try Files.remove(directory + "/" + WALFormat.logName(first: last))
+            firsts = []
+        }
         guard let first = firsts.first else {
             return Recovered(
                 snapshot: snapshot, sealed: [], current: try LogSegment.create(directory: directory, first: base + 1),
