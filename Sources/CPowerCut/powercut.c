@@ -85,6 +85,49 @@ static void put_record(const char *name, const char *bytes, size_t length) {
     if (rename(temporary, final) != 0) abort();
 }
 
+/* Records are staged (written under a temporary name) before the real sync, from what the file or directory
+ * holds then, and renamed into place only when the sync succeeded: what a process writes while its sync runs
+ * is not recorded as durable. One sync is recorded at a time (under `recording`), so syncs in the process are
+ * serialized while the library is loaded. */
+static char **staged;
+static size_t staged_count, staged_capacity;
+
+static void stage_record(const char *name, const char *bytes, size_t length) {
+    char temporary[PATH_MAX];
+    snprintf(temporary, sizeof temporary, "%s/%s.staged", shadow, name);
+    int fd = real_open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) abort();
+    size_t done = 0;
+    while (done < length) {
+        ssize_t n = write(fd, bytes + done, length - done);
+        if (n <= 0) abort();
+        done += (size_t)n;
+    }
+    close(fd);
+    if (staged_count == staged_capacity) {
+        staged_capacity = staged_capacity ? staged_capacity * 2 : 64;
+        staged = realloc(staged, staged_capacity * sizeof *staged);
+        if (!staged) abort();
+    }
+    staged[staged_count++] = strdup(name);
+}
+
+/* After the sync: the staged records become the records (`keep`), or go. */
+static void finish_staged(int keep) {
+    for (size_t i = 0; i < staged_count; i++) {
+        char temporary[PATH_MAX], final[PATH_MAX];
+        snprintf(temporary, sizeof temporary, "%s/%s.staged", shadow, staged[i]);
+        snprintf(final, sizeof final, "%s/%s", shadow, staged[i]);
+        if (keep) {
+            if (rename(temporary, final) != 0) abort();
+        } else {
+            unlink(temporary);
+        }
+        free(staged[i]);
+    }
+    staged_count = 0;
+}
+
 /* The id of the file or directory with this inode, into `id` (64 bytes). */
 static void id_of(ino_t inode, char *id) {
     char path[PATH_MAX];
@@ -96,16 +139,15 @@ static void id_of(ino_t inode, char *id) {
     else snprintf(id, 64, "i%llu", (unsigned long long)inode);
 }
 
-/* `path` (under the root) was just created: it gets a new id. */
+/* `path` (under the root) was just created: it gets a new id. Called under `recording`, held from before the
+ * creation, so that no sync records the new name with the id of a file that had its inode before. */
 static void created_now(const char *path) {
     struct stat info;
     if (stat(path, &info) != 0) return;
     char name[64], id[64];
-    pthread_mutex_lock(&recording);
     snprintf(id, sizeof id, "n%d-%lu", (int)getpid(), ++created);
     snprintf(name, sizeof name, "id-%llu", (unsigned long long)info.st_ino);
     put_record(name, id, strlen(id));
-    pthread_mutex_unlock(&recording);
 }
 
 /* The absolute form of `path` opened relative to `directory_fd` (AT_FDCWD: the working directory). */
@@ -127,10 +169,13 @@ static int absolute(int directory_fd, const char *path, char *out) {
 static int opened(int directory_fd, const char *path, int flags, mode_t mode) {
     char full[PATH_MAX];
     int watched = root && (flags & O_CREAT) && absolute(directory_fd, path, full) && under_root(full);
+    if (!watched) return real_openat(directory_fd, path, flags, mode);
+    pthread_mutex_lock(&recording);
     struct stat before;
-    int existed = watched && stat(full, &before) == 0;
+    int existed = stat(full, &before) == 0;
     int fd = real_openat(directory_fd, path, flags, mode);
-    if (fd >= 0 && watched && !existed) created_now(full);
+    if (fd >= 0 && !existed) created_now(full);
+    pthread_mutex_unlock(&recording);
     return fd;
 }
 
@@ -164,9 +209,12 @@ int openat(int directory_fd, const char *path, int flags, ...) {
 
 int mkdir(const char *path, mode_t mode) {
     pthread_once(&once, setup);
-    int status = real_mkdir(path, mode);
     char full[PATH_MAX];
-    if (status == 0 && root && absolute(AT_FDCWD, path, full) && under_root(full)) created_now(full);
+    if (!root || !absolute(AT_FDCWD, path, full) || !under_root(full)) return real_mkdir(path, mode);
+    pthread_mutex_lock(&recording);
+    int status = real_mkdir(path, mode);
+    if (status == 0) created_now(full);
+    pthread_mutex_unlock(&recording);
     return status;
 }
 
@@ -191,7 +239,7 @@ static void record_file(int fd, ino_t inode) {
     char name[96], id[64];
     id_of(inode, id);
     snprintf(name, sizeof name, "content-%s", id);
-    put_record(name, bytes, done);
+    stage_record(name, bytes, done);
     free(bytes);
 }
 
@@ -205,9 +253,15 @@ static void record_directory(const char *path, ino_t inode) {
     struct dirent *entry;
     while ((entry = readdir(directory))) {
         if (!strcmp(entry->d_name, ".") || !strcmp(entry->d_name, "..")) continue;
+        unsigned char kind = entry->d_type;
+        if (kind == DT_UNKNOWN) { /* a file system that does not say: ask */
+            struct stat info;
+            if (fstatat(dirfd(directory), entry->d_name, &info, AT_SYMLINK_NOFOLLOW) != 0) continue;
+            kind = S_ISDIR(info.st_mode) ? DT_DIR : S_ISREG(info.st_mode) ? DT_REG : DT_UNKNOWN;
+        }
         char type;
-        if (entry->d_type == DT_DIR) type = 'd';
-        else if (entry->d_type == DT_REG) type = 'f';
+        if (kind == DT_DIR) type = 'd';
+        else if (kind == DT_REG) type = 'f';
         else continue;
         char id[64];
         id_of(entry->d_ino, id);
@@ -223,7 +277,7 @@ static void record_directory(const char *path, ino_t inode) {
     char name[96], id[64];
     id_of(inode, id);
     snprintf(name, sizeof name, "names-%s", id);
-    put_record(name, lines, length);
+    stage_record(name, lines, length);
     free(lines);
 }
 
@@ -237,10 +291,8 @@ static void record(int fd) {
     if (!under_root(path)) return;
     struct stat info;
     if (fstat(fd, &info) != 0) return;
-    pthread_mutex_lock(&recording);
     if (S_ISDIR(info.st_mode)) record_directory(path, info.st_ino);
     else if (S_ISREG(info.st_mode)) record_file(fd, info.st_ino);
-    pthread_mutex_unlock(&recording);
 }
 
 /* Records every file and directory under `path` (syncfs, sync). */
@@ -269,35 +321,40 @@ static void record_tree(const char *path) {
     closedir(directory);
 }
 
+/* A sync of `fd` (or, with `everything`, of the whole tree), recorded as described above. */
+static int recorded_sync(int fd, int everything, int (*real)(int)) {
+    if (!root) return real(fd);
+    pthread_mutex_lock(&recording);
+    if (everything) record_tree(root);
+    else record(fd);
+    int status = real(fd);
+    finish_staged(status == 0);
+    pthread_mutex_unlock(&recording);
+    return status;
+}
+
 int fsync(int fd) {
     pthread_once(&once, setup);
-    int status = real_fsync(fd);
-    if (status == 0 && root) record(fd);
-    return status;
+    return recorded_sync(fd, 0, real_fsync);
 }
 
 int fdatasync(int fd) {
     pthread_once(&once, setup);
-    int status = real_fdatasync(fd);
-    if (status == 0 && root) record(fd);
-    return status;
-}
-
-static void record_everything(void) {
-    pthread_mutex_lock(&recording);
-    record_tree(root);
-    pthread_mutex_unlock(&recording);
+    return recorded_sync(fd, 0, real_fdatasync);
 }
 
 int syncfs(int fd) {
     pthread_once(&once, setup);
-    int status = real_syncfs(fd);
-    if (status == 0 && root) record_everything();
-    return status;
+    return recorded_sync(fd, 1, real_syncfs);
+}
+
+static int sync_all(int fd) {
+    (void)fd;
+    real_sync();
+    return 0;
 }
 
 void sync(void) {
     pthread_once(&once, setup);
-    real_sync();
-    if (root) record_everything();
+    recorded_sync(-1, 1, sync_all);
 }

@@ -2,6 +2,7 @@ import BrokerCore
 import EngineLoader
 import Foundation
 import NIOCore
+import TestSupport
 import Testing
 
 /// The wal engine's files as a crash, a power cut or damage leave them (docs/ENGINE-ABI.md, "wal"): opened
@@ -99,16 +100,23 @@ import Testing
         let wal = try sharedLoader.load("wal")
         try await withTemporaryDirectory { directory in
             let records = try await manyApplies(in: directory)
-            let kept = try names(directory)
             // An unfinished snapshot, an older snapshot and a segment the newest snapshot already holds: what a
             // crash between writing a snapshot and deleting what it replaced leaves.
-            try Data("half a snapshot".utf8).write(to: URL(fileURLWithPath: directory + "/snapshot-00000000000000ff.tmp"))
-            try Data("old".utf8).write(to: URL(fileURLWithPath: directory + "/snapshot-0000000000000001"))
-            try Data("old".utf8).write(to: URL(fileURLWithPath: directory + "/log-0000000000000001"))
+            let unfinished = directory + "/snapshot-00000000000000ff.tmp"
+            let older = [directory + "/snapshot-0000000000000001", directory + "/log-0000000000000001"]
+            try Data("half a snapshot".utf8).write(to: URL(fileURLWithPath: unfinished))
+            for path in older { try Data("old".utf8).write(to: URL(fileURLWithPath: path)) }
             let reopened = try wal.open(directory: directory, store: "s", options: Self.smallSegments)
             #expect(try reopened.scanAll() == records)
+            #expect(!FileManager.default.fileExists(atPath: unfinished))
+            // The older files stay until the next snapshot has read the newest whole.
+            #expect(older.allSatisfy { FileManager.default.fileExists(atPath: $0) })
+            for sequence in UInt64(401)...500 {
+                try reopened.apply([.put(record("k\(sequence % 50)", String(repeating: "y", count: 100)))], sequence: sequence)
+            }
+            let cleaned = await eventually(within: 20) { older.allSatisfy { !FileManager.default.fileExists(atPath: $0) } }
+            #expect(cleaned)
             reopened.close()
-            #expect(try names(directory) == kept)
         }
     }
 
@@ -270,8 +278,9 @@ import Testing
         }
     }
 
-    /// A crash after the snapshot was renamed into place and before the folded segment was deleted.
-    @Test func aFoldedSegmentLeftByACrashIsDeleted() async throws {
+    /// A crash after the snapshot was renamed into place and before the folded segment was deleted: the segment
+    /// is ignored, and deleted by the next snapshot.
+    @Test func aFoldedSegmentLeftByACrashIsIgnoredThenDeleted() async throws {
         let wal = try sharedLoader.load("wal")
         try await withTemporaryDirectory { directory in
             let store = try longLog(in: directory)
@@ -282,8 +291,13 @@ import Testing
             let reopened = try wal.open(directory: directory, store: "s", options: [:])
             #expect(reopened.openedSequence == 100)
             #expect(try reopened.scanAll() == records)
+            // It stays until the next snapshot has read the newest whole: here the fold of the next close.
+            for sequence in UInt64(101)...200 {
+                try reopened.apply(
+                    (0..<100).map { .put(record("m\(sequence)-\($0)", String(repeating: "q", count: 200))) }, sequence: sequence)
+            }
             reopened.close()
-            #expect(!FileManager.default.fileExists(atPath: directory + "/log-0000000000000001"))
+            #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == ["snapshot-00000000000000c8"])
         }
     }
 }

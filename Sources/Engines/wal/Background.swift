@@ -28,7 +28,7 @@ final class WALBackground: @unchecked Sendable {
     /// segment created since its last sync: the sync thread syncs these before the newest segment.
     private var unsyncedClosed: [LogSegment] = []
     private var directoryUnsynced = false
-    private var syncFailure: EngineError?
+    private var storedSyncFailure: EngineError?
     private var compacting = false
     private var retryAt: UInt64 = 0
     private var stopping = false
@@ -103,13 +103,10 @@ final class WALBackground: @unchecked Sendable {
         }
     }
 
-    func takeSyncFailure() -> EngineError? {
-        locked {
-            defer { syncFailure = nil }
-            failed.store(false, ordering: .relaxed)
-            return syncFailure
-        }
-    }
+    /// The failure of a background sync. It stays: Linux marks the pages of a failed sync clean, so a later
+    /// sync that succeeds proves nothing about them, and every apply fails until the store is opened again
+    /// (opening reads what the file holds and syncs it).
+    var syncFailure: EngineError? { locked { storedSyncFailure } }
 
     /// The store as its files hold it now: the snapshot and every segment after it, mapped while the mutex
     /// keeps a snapshot finishing meanwhile from deleting them, and the log's effects read from them.
@@ -204,15 +201,14 @@ final class WALBackground: @unchecked Sendable {
             pthread_mutex_lock(mutex)
             compacting = false
             guard case .success(let new) = made else {
-                retryAt = now + WALSettings.syncIntervalNanoseconds
+                // Counted from the failure: an attempt that takes longer than the interval is not made again at once.
+                retryAt = monotonicNanoseconds() + WALSettings.syncIntervalNanoseconds
                 continue
             }
             snapshot = new
             sealed.removeFirst(segments.count)
             pthread_mutex_unlock(mutex)
-            // Leftovers of a crash here are deleted by the next open: the new snapshot holds their records.
-            if let base { unlink(base.path) }
-            for segment in segments { unlink(segment.path) }
+            removeHeld(by: new)
             pthread_mutex_lock(mutex)
         }
         pthread_mutex_unlock(mutex)
@@ -223,12 +219,12 @@ final class WALBackground: @unchecked Sendable {
     private func runSyncs() {
         pthread_mutex_lock(mutex)
         while !stopping {
+            if storedSyncFailure != nil {
+                wait(until: .max)  // nothing newer is synced behind a failed sync
+                continue
+            }
             if !unsyncedClosed.isEmpty || directoryUnsynced {
-                let failure = syncClosedLocked()
-                if let failure {
-                    syncFailure = failure
-                    failed.store(true, ordering: .relaxed)
-                }
+                if let failure = syncClosedLocked() { fail(failure) }
                 continue
             }
             guard let segment = unsyncedSegment else {
@@ -244,12 +240,15 @@ final class WALBackground: @unchecked Sendable {
             pthread_mutex_unlock(mutex)
             let failure: EngineError? = fdatasync(segment.fd) == 0 ? nil : EngineError.errno("cannot sync \(segment.path)")
             pthread_mutex_lock(mutex)
-            if let failure {
-                syncFailure = failure
-                failed.store(true, ordering: .relaxed)
-            }
+            if let failure { fail(failure) }
         }
         pthread_mutex_unlock(mutex)
+    }
+
+    /// Records a failed sync; called locked.
+    private func fail(_ failure: EngineError) {
+        storedSyncFailure = failure
+        failed.store(true, ordering: .relaxed)
     }
 
     /// Syncs the closed segments and then the directory; called locked, unlocks around the syncs.
@@ -276,10 +275,21 @@ final class WALBackground: @unchecked Sendable {
         guard segments.reduce(0, { $0 + $1.size - WALFormat.logHeaderSize }) > threshold,
             let new = try? makeSnapshot(after: snapshot, of: segments, through: through, stoppable: false)
         else { return }
-        if let old = snapshot { unlink(old.path) }
-        for segment in segments { unlink(segment.path) }
+        removeHeld(by: new)
         snapshot = new
         sealed = []
+    }
+
+    /// Deletes the older snapshots and the segments `snapshot` holds (it read them whole to be made); what a crash
+    /// leaves of them is deleted after the next one.
+    private func removeHeld(by snapshot: SnapshotInfo) {
+        for name in (try? Files.list(directory)) ?? [] {
+            if let sequence = WALFormat.sequence(inName: name, prefix: "snapshot-"), sequence < snapshot.sequence {
+                unlink(directory + "/" + name)
+            } else if let first = WALFormat.sequence(inName: name, prefix: "log-"), first <= snapshot.sequence {
+                unlink(directory + "/" + name)
+            }
+        }
     }
 
     /// At close (the threads stopped): syncs what NORMAL left unsynced, in the sync thread's order.

@@ -15,8 +15,8 @@ struct SnapshotInfo: Sendable {
 /// Opening a store's directory: what a crash left is made whole or refused.
 ///
 /// - `*.tmp` files are snapshots that were never finished: deleted.
-/// - The newest snapshot is the base; older ones, and segments whose records it holds (the next segment starts
-///   at or before its sequence + 1), were about to be deleted: deleted.
+/// - The newest snapshot is the base; older ones, and segments whose records it holds, were about to be
+///   deleted: they are left alone, for the next snapshot to delete once it has read the newest whole.
 /// - The segments that follow chain: each starts one after the last sequence before it, and their records'
 ///   sequences increase. The first record that does not check out ends the log and is cut off with all after
 ///   it: it was being written when the process died or the power went, and was never synced (FULL syncs each
@@ -46,20 +46,17 @@ enum Recovery {
             let file = try SnapshotFile(path)
             guard file.sequence == newest else { throw EngineError.corrupt("\(path) holds sequence \(file.sequence)") }
             snapshot = SnapshotInfo(path: path, sequence: newest, bytes: file.mapping.bytes.count)
-            for older in snapshots.dropLast() { try Files.remove(directory + "/" + WALFormat.snapshotName(sequence: older)) }
         }
         let base = snapshot?.sequence ?? 0
 
+        // Older snapshots and the segments the newest holds stay until the next snapshot has read the newest
+        // whole (its checksum checked): were it damaged, they are what is left to recover from by hand. A
+        // snapshot always ends where a segment does, so a segment is held whole when the next one starts at or
+        // before the snapshot's sequence + 1, or when it is the last and starts at or before that sequence (a
+        // close folded it in and died before deleting it).
         var firsts = names.compactMap { WALFormat.sequence(inName: $0, prefix: "log-") }.sorted()
-        while firsts.count >= 2, firsts[1] <= base + 1 {
-            try Files.remove(directory + "/" + WALFormat.logName(first: firsts.removeFirst()))
-        }
-        // A snapshot always ends where a segment does: a last segment starting at or before its sequence is held
-        // whole by it (a close folded it in and died before deleting it).
-        if let last = firsts.last, firsts.count == 1, last <= base, base > 0 {
-            try Files.remove(directory + "/" + WALFormat.logName(first: last))
-            firsts = []
-        }
+        while firsts.count >= 2, firsts[1] <= base + 1 { firsts.removeFirst() }
+        if let last = firsts.last, firsts.count == 1, last <= base, base > 0 { firsts = [] }
         guard let first = firsts.first else {
             return Recovered(
                 snapshot: snapshot, sealed: [], current: try LogSegment.create(directory: directory, first: base + 1),
@@ -82,13 +79,22 @@ enum Recovery {
         }
         var sequence = base
         var scans: [Scan] = []
+        var leftovers: [String] = []
         for first in firsts {
             let path = directory + "/" + WALFormat.logName(first: first)
+            let mapping = try Mapping(path)
+            // A segment starting inside the log before it is what a rotation that failed after creating it left:
+            // it holds nothing (the log went on in the segment before), else the log is damaged.
+            if first <= sequence, scans.last?.stop == nil {
+                guard case .end = LogRecord.read(mapping.bytes, at: min(WALFormat.logHeaderSize, mapping.bytes.count))
+                else { throw EngineError.corrupt("\(path) starts at sequence \(first), inside the log before it") }
+                leftovers.append(path)
+                continue
+            }
             // After a segment that stops short the chain is broken by the cut: what follows must hold nothing.
             guard first == sequence + 1 || scans.last?.stop != nil else {
                 throw EngineError.corrupt("\(path) starts at sequence \(first), but the log before it ends at \(sequence)")
             }
-            let mapping = try Mapping(path)
             let bytes = mapping.bytes
             let header = WALFormat.logHeader(first: first)
             guard bytes.count >= header.count, bytes.prefix(header.count).elementsEqual(header) else {
@@ -128,12 +134,18 @@ enum Recovery {
             for unsynced in scans[(short + 1)...] { try Files.remove(unsynced.path) }
             scans.removeSubrange((short + 1)...)
         }
+        for leftover in leftovers { try Files.remove(leftover) }
         var segments: [LogSegment] = []
         for scan in scans {
             let segment = try LogSegment.open(path: scan.path, first: scan.first, validEnd: scan.end)
             if !scan.headed { try segment.append(WALFormat.logHeader(first: scan.first), sync: true) }
             segments.append(segment)
         }
+        // What a killed process left in the page cache (a NORMAL tail, a segment whose name was never synced) is
+        // made durable, with the removals above, before anything is written after it: a FULL apply must never
+        // sit behind bytes a power cut could still take.
+        for segment in segments { try segment.sync() }
+        try Files.syncDirectory(directory)
         let current = segments.removeLast()
         return Recovered(snapshot: snapshot, sealed: segments, current: current, sequence: sequence)
     }

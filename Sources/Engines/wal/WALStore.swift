@@ -37,11 +37,14 @@ final class WALStore: EngineStoreImplementation {
     }
 
     func apply(_ steps: UnsafeBufferPointer<sb_step>, sequence: UInt64) throws(EngineError) {
-        if background.failed.load(ordering: .relaxed), let failure = background.takeSyncFailure() { throw failure }
+        let failed = background.failed.load(ordering: .relaxed) ? background.syncFailure : log.syncFailure
+        if let failed {
+            throw EngineError.io("a sync of this store failed (\(failed.message)); it takes no write until it is opened again")
+        }
+        defer { encoder.shrink() }
         let record = try encoder.encode(steps, sequence: sequence, failure: settings.failure)
         try log.append(record, sync: settings.full)
         if !settings.full { background.unsynced(log) }
-        encoder.shrink()
         self.sequence = sequence
         cachedCount = nil
         if log.size >= rotateAt { rotate() }
@@ -121,6 +124,9 @@ final class LogSegment: @unchecked Sendable {
     let fd: Int32
     /// The end of its last whole record: where the next is written. Read and written by the host's calls only.
     private(set) var size: Int
+    /// An `fdatasync` of an append failed: the record was cut off again, but the cut is not known to be durable
+    /// and the pages the sync failed on are marked clean, so the segment takes nothing more (host's calls only).
+    private(set) var syncFailure: EngineError?
 
     private init(path: String, first: UInt64, fd: Int32, size: Int) {
         self.path = path
@@ -131,14 +137,20 @@ final class LogSegment: @unchecked Sendable {
 
     deinit { Glibc.close(fd) }
 
-    /// A new, empty segment; with `sync`, its header and name are durable when it returns.
+    /// A new, empty segment; with `sync`, its header and name are durable when it returns. A failure deletes it
+    /// (and opening deletes one a crash left holding nothing inside the log).
     static func create(directory: String, first: UInt64, sync: Bool = true) throws(EngineError) -> LogSegment {
         let path = directory + "/" + WALFormat.logName(first: first)
         let fd = Glibc.open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw EngineError.errno("cannot create \(path)") }
         let segment = LogSegment(path: path, first: first, fd: fd, size: 0)
-        try segment.append(WALFormat.logHeader(first: first), sync: sync)
-        if sync { try Files.syncDirectory(directory) }
+        do throws(EngineError) {
+            try segment.append(WALFormat.logHeader(first: first), sync: sync)
+            if sync { try Files.syncDirectory(directory) }
+        } catch {
+            unlink(path)
+            throw error
+        }
         return segment
     }
 
@@ -173,6 +185,8 @@ final class LogSegment: @unchecked Sendable {
         if sync, fdatasync(fd) != 0 {
             let error = EngineError.errno("cannot sync \(path)")
             ftruncate(fd, off_t(size))
+            fdatasync(fd)
+            syncFailure = error
             throw error
         }
         size += bytes.count
