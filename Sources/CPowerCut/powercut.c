@@ -68,12 +68,11 @@ static int under_root(const char *path) {
     return root && strncmp(path, root, root_length) == 0 && (path[root_length] == '\0' || path[root_length] == '/');
 }
 
-/* Writes `length` bytes to shadow/<name> through a temporary name. */
-static void put_record(const char *name, const char *bytes, size_t length) {
-    char final[PATH_MAX], temporary[PATH_MAX];
-    snprintf(final, sizeof final, "%s/%s", shadow, name);
-    snprintf(temporary, sizeof temporary, "%s/%s.tmp", shadow, name);
-    int fd = real_open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+/* Writes `length` bytes to shadow/<name><suffix>. */
+static void write_record(const char *name, const char *suffix, const char *bytes, size_t length) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s%s", shadow, name, suffix);
+    int fd = real_open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) abort(); /* a record that cannot be kept would make the check pass wrongly */
     size_t done = 0;
     while (done < length) {
@@ -82,6 +81,14 @@ static void put_record(const char *name, const char *bytes, size_t length) {
         done += (size_t)n;
     }
     close(fd);
+}
+
+/* Writes `length` bytes to shadow/<name> through a temporary name. */
+static void put_record(const char *name, const char *bytes, size_t length) {
+    char final[PATH_MAX], temporary[PATH_MAX];
+    snprintf(final, sizeof final, "%s/%s", shadow, name);
+    snprintf(temporary, sizeof temporary, "%s/%s.tmp", shadow, name);
+    write_record(name, ".tmp", bytes, length);
     if (rename(temporary, final) != 0) abort();
 }
 
@@ -93,17 +100,7 @@ static char **staged;
 static size_t staged_count, staged_capacity;
 
 static void stage_record(const char *name, const char *bytes, size_t length) {
-    char temporary[PATH_MAX];
-    snprintf(temporary, sizeof temporary, "%s/%s.staged", shadow, name);
-    int fd = real_open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) abort();
-    size_t done = 0;
-    while (done < length) {
-        ssize_t n = write(fd, bytes + done, length - done);
-        if (n <= 0) abort();
-        done += (size_t)n;
-    }
-    close(fd);
+    write_record(name, ".staged", bytes, length);
     if (staged_count == staged_capacity) {
         staged_capacity = staged_capacity ? staged_capacity * 2 : 64;
         staged = realloc(staged, staged_capacity * sizeof *staged);
