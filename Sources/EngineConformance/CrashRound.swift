@@ -123,7 +123,9 @@ enum CrashRound {
     /// The child: `CHECKER --crash-child ENGINE.so DIRECTORY STORE [KEY=VALUE ...]`. Opens the store and applies from
     /// the sequence after the one it opened at, printing each sequence once its apply returned, and when
     /// (`monotonicMilliseconds`); it stops by
-    /// itself after 60 s (the parent kills it long before).
+    /// itself after 600 s, a safety net only: the parent kills it, but a parent whose task waits behind other
+    /// tests' blocking work (the package's tests run every property of every engine at once on two threads) may
+    /// come back a minute later; with 60 s, CI saw children finish before their kill.
     static func child(_ arguments: [String]) -> Int32 {
         guard arguments.count >= 3 else { return 64 }
         var options: [String: String] = [:]
@@ -134,7 +136,7 @@ enum CrashRound {
         do {
             let engine = try EngineLoader(searchPath: EngineSearchPath(directories: [])).load(path: arguments[0])
             let store = try engine.open(directory: arguments[1], store: arguments[2], options: options)
-            let deadline = Date().addingTimeInterval(60)
+            let deadline = Date().addingTimeInterval(600)
             var sequence = store.openedSequence
             while Date() < deadline {
                 sequence += 1
