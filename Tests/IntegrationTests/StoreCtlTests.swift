@@ -263,7 +263,7 @@ extension Integration {
                 #expect(byName["sqlite"]?["status"] as? String == "loaded")
                 #expect(byName["memory"]?["status"] as? String == "found")
                 #expect(byName["memory"]?["abi"] is NSNull)
-                #expect(byName["sqlite"]?["abi"] as? String == "2.1")
+                #expect(byName["sqlite"]?["abi"] as? String == "2.2")
                 #expect(byName["sqlite"]?["capabilities"] as? [String] == ["persistent", "atomic"])
             }
         }
