@@ -215,6 +215,29 @@ import Testing
         }
     }
 
+    /// A rotation that failed after creating the next segment left it, holding only its header, while the log
+    /// went on in the segment before (the fix of a reviewer's finding: such a store was refused).
+    @Test func aSegmentLeftByAFailedRotationIsDeleted() async throws {
+        let wal = try sharedLoader.load("wal")
+        try await withTemporaryDirectory { directory in
+            let (_, leftover, _) = try await twoSegments(in: directory)  // log-2: a header only
+            try FileManager.default.removeItem(atPath: leftover)
+            let store = try wal.open(directory: directory, store: "s", options: [:])
+            try store.apply([.put(record("a", "1"))], sequence: 2)
+            try store.apply([.put(record("b", "2"))], sequence: 3)
+            let records = try store.scanAll()
+            store.close()
+            var header = Array("sbwal-l1".utf8)
+            withUnsafeBytes(of: UInt64(2).littleEndian) { header.append(contentsOf: $0) }
+            try Data(header).write(to: URL(fileURLWithPath: leftover))  // starts inside log-1, which runs to 3
+            let reopened = try wal.open(directory: directory, store: "s", options: [:])
+            #expect(reopened.openedSequence == 3)
+            #expect(try reopened.scanAll() == records)
+            reopened.close()
+            #expect(!FileManager.default.fileExists(atPath: leftover))
+        }
+    }
+
     @Test func aTornClosedSegmentBeforeRecordsIsDamage() async throws {
         let wal = try sharedLoader.load("wal")
         try await withTemporaryDirectory { directory in
